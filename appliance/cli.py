@@ -1,0 +1,165 @@
+"""The ``rackboot`` command. Exit codes are listed in :mod:`appliance.errors` and docs/cli.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from appliance import __version__, control
+from appliance.errors import EXIT_OK, RackbootError
+from appliance.loader import ConfigSource, load, resolve_source
+from appliance.logs import get_logger, setup_logging
+
+log = get_logger("cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rackboot", description="Rackboot provisioning appliance")
+    parser.add_argument("--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)")
+    parser.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="default info"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", metavar="FILE", help="configuration file (default /etc/rackboot/rackboot.toml)")
+        p.add_argument("--dev", action="store_true", help="standalone development defaults")
+        p.add_argument(
+            "--disable-plugin", action="append", default=[], metavar="NAME", help="do not load plugin NAME"
+        )
+        return p
+
+    run = with_config(sub.add_parser("run", help="run the appliance node"))
+    run.set_defaults(func=cmd_run)
+
+    status = with_config(sub.add_parser("status", help="show the running node's status"))
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--socket", metavar="PATH", help="control socket (default from the configuration)")
+    status.set_defaults(func=cmd_status)
+
+    cfg = sub.add_parser("config", help="configuration tools")
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    example = cfg_sub.add_parser("example", help="print a complete commented configuration")
+    example.add_argument("--disable-plugin", action="append", default=[], metavar="NAME")
+    example.set_defaults(func=cmd_config_example)
+    check = cfg_sub.add_parser("check", help="validate a configuration file ('-' for stdin)")
+    check.add_argument("file", metavar="FILE")
+    check.add_argument("--disable-plugin", action="append", default=[], metavar="NAME")
+    check.set_defaults(func=cmd_config_check)
+
+    plugins = sub.add_parser("plugins", help="plugin tools")
+    plugins_sub = plugins.add_subparsers(dest="plugins_command", metavar="ACTION", required=True)
+    plist = with_config(plugins_sub.add_parser("list", help="list loaded plugins"))
+    plist.add_argument("--json", action="store_true", help="machine-readable output")
+    plist.set_defaults(func=cmd_plugins_list)
+
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=lambda args: print(f"rackboot {__version__}") or EXIT_OK)
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import trio
+
+    from appliance.node import Node
+
+    source = resolve_source(args.config, args.dev)
+    if source.dev:
+        log.warning(
+            "standalone development node: loopback only, unprivileged ports, data in the user's directory",
+            config=source.path or "<defaults>",
+            hint="write /etc/rackboot/rackboot.toml (see `rackboot config example`) for a real rack",
+        )
+    config, pm = load(source, args.disable_plugin)
+    node = Node(config, pm)
+    trio.run(node.run)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    path = args.socket
+    if path is None:
+        config, _ = load(resolve_source(args.config, args.dev), args.disable_plugin)
+        path = config.node.control_socket or f"{config.node.data_dir}/control.sock"
+    status = control.call(path, "status")
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        print(format_status(status))
+    return EXIT_OK
+
+
+def format_status(status: dict[str, Any]) -> str:
+    core = status.get("core", {})
+    lines = [
+        f"node {core.get('name')}  rack {core.get('rack')}  role {core.get('role')}  "
+        f"version {core.get('version')}  up {core.get('uptime', 0):.1f}s  pid {core.get('pid')}",
+        f"  config {core.get('config')}{' (development defaults)' if core.get('dev') else ''}"
+        f"  data {core.get('data_dir')}",
+    ]
+    for name, state in sorted(core.get("services", {}).items()):
+        lines.append(f"  service {name}: {state}")
+    for plugin, info in sorted(status.items()):
+        if plugin == "core":
+            continue
+        lines.append(f"{plugin}:")
+        lines.extend(_format_mapping(info, "  "))
+    return "\n".join(lines)
+
+
+def _format_mapping(value: Any, indent: str) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{indent}{value}"]
+    lines = []
+    for key, item in value.items():
+        if isinstance(item, dict):
+            lines.append(f"{indent}{key}:")
+            lines.extend(_format_mapping(item, indent + "  "))
+        else:
+            lines.append(f"{indent}{key}: {item}")
+    return lines
+
+
+def cmd_config_example(args: argparse.Namespace) -> int:
+    from appliance.pluginmanager import build_plugin_manager, collect_sections
+    from appliance.schema import render_example
+
+    pm = build_plugin_manager(args.disable_plugin)
+    sys.stdout.write(render_example(collect_sections(pm)))
+    return EXIT_OK
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    config, _ = load(ConfigSource(args.file, dev=False), args.disable_plugin)
+    print(f"{config.source}: ok ({len(config.sections)} sections)")
+    return EXIT_OK
+
+
+def cmd_plugins_list(args: argparse.Namespace) -> int:
+    _, pm = load(resolve_source(args.config, args.dev), args.disable_plugin)
+    infos = [vars(info) for info in pm.infos.values()]
+    if args.json:
+        print(json.dumps(infos, indent=2))
+        return EXIT_OK
+    for info in infos:
+        print(f"{info['name']} {info['version']}  ({info['distribution']}; {info['source']})")
+        print(f"  module: {info['module']}")
+        print(f"  hooks: {', '.join(info['hooks']) or '-'}")
+    for name in pm.disabled:
+        print(f"{name}  (disabled)")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_format, args.log_level)
+    try:
+        return int(args.func(args) or EXIT_OK)
+    except RackbootError as exc:
+        print(f"rackboot: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130

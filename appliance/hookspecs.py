@@ -1,0 +1,139 @@
+"""Hook specifications of the Rackboot core: the reference for plugin authors.
+
+Hooks are grouped by the node's lifecycle. Pluggy is synchronous: hooks that
+need to do I/O return :class:`~appliance.api.Service` objects for the core to
+start; decision hooks (``firstresult``) stay synchronous and free of side
+effects. Never write an ``async def`` hookimpl.
+
+A plugin is a module or object registered under the ``rackboot.plugins``
+entry-point group; its hook functions carry the ``@hookimpl`` marker from
+:mod:`appliance.api`. Protocol plugins add hookspecs of their own through
+:func:`rackboot_addhooks` so other plugins can extend them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from appliance.api import hookspec
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from appliance.api import Role, Section, Service
+    from appliance.config import Config
+    from appliance.node import Node
+
+
+# -------------------------------------------------------------------------
+# Initialization: registering hooks and declaring configuration
+# -------------------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def rackboot_addhooks(pluginmanager: pluggy.PluginManager) -> None:
+    """Register hookspecs of your own, for other plugins to implement.
+
+    :param pluginmanager: The Rackboot plugin manager.
+
+    Call ``pluginmanager.add_hookspecs(module_or_class)``. This hook is
+    historic: a plugin registered later still sees it called, so the order in
+    which entry points load does not matter.
+
+    Use in any plugin.
+    """
+
+
+@hookspec
+def rackboot_config_schema() -> Section | list[Section] | None:
+    """Declare this plugin's configuration section(s).
+
+    :return: A :class:`~appliance.api.Section` (or a list of them) naming the TOML table the
+        plugin owns, with a :class:`~appliance.api.Field` per key (kind,
+        default, one-line doc, optional development default), or ``None``.
+
+    The core validates the file against every declared section, so a
+    plugin never sees an unknown key or a value of the wrong type. Section
+    names are unique; two plugins declaring the same one is an error.
+    ``rackboot config example`` renders these declarations.
+    """
+
+
+@hookspec
+def rackboot_configure(config: Config) -> None:
+    """Check cross-key rules and prepare the plugin, once, before any service starts.
+
+    :param config: The validated configuration; ``config[name]`` is one
+        section's :class:`~appliance.api.Settings`.
+
+    Raise :class:`appliance.errors.ConfigError` (file, key path, expectation)
+    for a combination of values that cannot work. Do no network I/O here.
+    """
+
+
+# -------------------------------------------------------------------------
+# Running: services and roles
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def rackboot_services(node: Node) -> list[Service] | None:
+    """Return the long-running services this plugin needs.
+
+    :param node: The node being started; ``node.config`` holds the
+        configuration, ``node.data_dir`` the plugin's writable state root.
+    :return: A list of :class:`~appliance.api.Service`.
+
+    The core starts each with ``await nursery.start(service.run, node)``; a
+    service is ready only when ``task_status.started()`` is called, after
+    its sockets are bound. A service that raises before it is ready stops
+    the whole node with an error naming the plugin and the service.
+    """
+
+
+@hookspec
+def rackboot_role_changed(node: Node, old: Role, new: Role) -> None:
+    """The node's role changed (``standby`` <-> ``active``).
+
+    :param node: The node.
+    :param old: The previous role.
+    :param new: The new role.
+
+    Called synchronously in the node's trio thread. An ``active`` -> ``standby``
+    change is announced *before* the node stops holding its rack lease:
+    stop outward effects (answering dynamic DHCP, announcing addresses) at
+    once. Until clustering lands, a node becomes active when its services
+    are ready and goes back to standby when it shuts down.
+    """
+
+
+# -------------------------------------------------------------------------
+# Observing and operating: status and control commands
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def rackboot_status(node: Node) -> dict[str, Any] | None:
+    """Contribute to ``rackboot status``.
+
+    :param node: The node.
+    :return: A JSON-serializable mapping shown under this plugin's name,
+        or ``None``. Keep it cheap: status is polled.
+    """
+
+
+@hookspec
+def rackboot_control_commands(node: Node) -> dict[str, Callable[[dict[str, Any]], Any]] | None:
+    """Add commands to the node's local control socket.
+
+    :param node: The node.
+    :return: A mapping of command name to handler. A handler takes the
+        request's ``args`` (a JSON object from the CLI; treat it as
+        untrusted) and returns a JSON-serializable result, directly or as
+        an awaitable. Raise :class:`appliance.control.ControlRequestError`
+        to refuse with a message. Names must be unique across plugins;
+        prefix them with the plugin name (``"dhcp.leases"``).
+
+    The socket is reachable only by root and the node's own user.
+    """

@@ -1,0 +1,221 @@
+"""The node: one nursery tree that runs every plugin service under ``trio.run``.
+
+Lifecycle: take the data directory's lock, bind the control socket, start
+each service with ``await nursery.start`` (ready = sockets bound), become
+active, serve until SIGTERM/SIGINT, step down (plugins stop outward effects
+first), cancel services, release everything. A service that fails before it
+is ready stops the node with an error that names it: never a half-started node.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import faulthandler
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from appliance import control
+from appliance.api import Role, Service
+from appliance.config import Config
+from appliance.errors import AlreadyRunning, PluginError, RackbootError
+from appliance.logs import get_logger
+from appliance.pluginmanager import RackbootPluginManager, call_each
+
+log = get_logger("node")
+
+# How long past shutdown_grace a stuck shutdown may take before the process
+# dumps every thread's stack and exits (faulthandler's watchdog).
+SHUTDOWN_WATCHDOG_SLACK = 5.0
+
+
+class Node:
+    def __init__(self, config: Config, pm: RackbootPluginManager) -> None:
+        self.config = config
+        self.pm = pm
+        self.data_dir = Path(config.node.data_dir)
+        self.control_path = config.node.control_socket or str(self.data_dir / "control.sock")
+        self.shutdown_grace: float = config.node.shutdown_grace
+        self.role = Role.STANDBY
+        self.services: list[Service] = []
+        self.service_state: dict[str, str] = {}
+        self.stopping = trio.Event()
+        self._started_at = 0.0
+        self._lock_fd: int | None = None
+
+    # -- for plugins ------------------------------------------------------
+
+    def uptime(self) -> float:
+        return trio.current_time() - self._started_at
+
+    def plugin_dir(self, plugin: str) -> Path:
+        """A plugin's own state directory under the data directory (created 0700)."""
+        path = self.data_dir / plugin
+        path.mkdir(mode=0o700, exist_ok=True)
+        return path
+
+    def request_stop(self, reason: str = "requested") -> None:
+        if not self.stopping.is_set():
+            log.info("stopping", reason=reason)
+            self.stopping.set()
+
+    def status(self) -> dict[str, Any]:
+        return {name: result for name, result in call_each(self.pm, "rackboot_status", node=self) if result is not None}
+
+    # -- lifecycle --------------------------------------------------------
+
+    async def run(self, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._started_at = trio.current_time()
+        self._prepare_data_dir()
+        try:
+            self.services = self._collect_services()
+            handlers = self._control_handlers()
+            sock = await control.bind_control_socket(self.control_path)
+            try:
+                async with trio.open_nursery() as root:
+                    if handle_signals:
+                        await root.start(self._watch_signals)
+                    await root.start(control.serve_control, sock, handlers)
+                    try:
+                        async with trio.open_nursery() as services:
+                            await self._start_services(services)
+                            self._set_role(Role.ACTIVE)
+                            log.info(
+                                "ready",
+                                node=self.config.node.name,
+                                role=str(self.role),
+                                services=len(self.services),
+                                control=self.control_path,
+                            )
+                            task_status.started(self)
+                            await self.stopping.wait()
+                            faulthandler.dump_traceback_later(
+                                self.shutdown_grace + SHUTDOWN_WATCHDOG_SLACK, exit=True
+                            )
+                            self._set_role(Role.STANDBY)
+                            services.cancel_scope.cancel()
+                    finally:
+                        # Step down before anything else goes, even when a service failed.
+                        self._set_role(Role.STANDBY)
+                    root.cancel_scope.cancel()
+            finally:
+                sock.close()
+                _unlink_quietly(self.control_path)
+                faulthandler.cancel_dump_traceback_later()
+        finally:
+            self._release_lock()
+        log.info("stopped", node=self.config.node.name)
+
+    def _prepare_data_dir(self) -> None:
+        try:
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.data_dir / "node.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise RackbootError(f"cannot use data directory {self.data_dir}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AlreadyRunning(f"another node is running with data directory {self.data_dir}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _collect_services(self) -> list[Service]:
+        services: list[Service] = []
+        for plugin, result in call_each(self.pm, "rackboot_services", node=self):
+            for svc in result or ():
+                if not isinstance(svc, Service):
+                    raise PluginError(f"plugin {plugin!r}: rackboot_services returned {svc!r}, expected Service objects")
+                services.append(Service(f"{plugin}.{svc.name}", svc.run, plugin))
+        names = [s.name for s in services]
+        duplicates = {n for n in names if names.count(n) > 1}
+        if duplicates:
+            raise PluginError(f"duplicate service names: {', '.join(sorted(duplicates))}")
+        for svc in services:
+            self.service_state[svc.name] = "pending"
+        return services
+
+    async def _start_services(self, nursery: trio.Nursery) -> None:
+        for svc in self.services:
+            self.service_state[svc.name] = "starting"
+            try:
+                await nursery.start(self._run_service, svc)
+            except (RackbootError, trio.Cancelled):
+                raise
+            except Exception as exc:
+                self.service_state[svc.name] = "failed"
+                raise PluginError(
+                    f"plugin {svc.plugin!r}: service {svc.name!r} failed to start: {type(exc).__name__}: {exc}"
+                ) from exc
+            log.info("service ready", service=svc.name)
+
+    async def _run_service(self, svc: Service, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        started = False
+
+        def ready(value: Any = None) -> None:
+            nonlocal started
+            started = True
+            self.service_state[svc.name] = "running"
+            task_status.started(value)
+
+        class _Status:
+            started = staticmethod(ready)
+
+        try:
+            await svc.run(self, task_status=_Status())
+        except Exception as exc:
+            if not started:
+                raise
+            self.service_state[svc.name] = "failed"
+            log.error("service failed", service=svc.name, error=f"{type(exc).__name__}: {exc}")
+            self.request_stop(f"service {svc.name} failed")
+            raise PluginError(f"plugin {svc.plugin!r}: service {svc.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        else:
+            if not started:
+                raise PluginError(f"plugin {svc.plugin!r}: service {svc.name!r} returned without becoming ready")
+            self.service_state[svc.name] = "stopped"
+
+    def _set_role(self, new: Role) -> None:
+        old, self.role = self.role, new
+        if old is not new:
+            log.info("role changed", old=str(old), new=str(new))
+            call_each(self.pm, "rackboot_role_changed", node=self, old=old, new=new)
+
+    def _control_handlers(self) -> dict[str, control.Handler]:
+        handlers: dict[str, control.Handler] = {
+            "ping": lambda args: "pong",
+            "status": lambda args: self.status(),
+        }
+        for plugin, commands in call_each(self.pm, "rackboot_control_commands", node=self):
+            for name, handler in (commands or {}).items():
+                if name in handlers:
+                    raise PluginError(f"plugin {plugin!r}: control command {name!r} is already taken")
+                handlers[name] = handler
+        return handlers
+
+    async def _watch_signals(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
+            async for signum in signals:
+                if self.stopping.is_set():
+                    log.error("second signal during shutdown: exiting now", signal=signal.Signals(signum).name)
+                    sys.stderr.flush()
+                    os._exit(1)
+                self.request_stop(signal.Signals(signum).name)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
