@@ -82,10 +82,9 @@ class Float(Kind):
     def check(self, value, source, keypath):
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.fail(value, source, keypath)
-        value = float(value)
         if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
             self.fail(value, source, keypath)
-        return value
+        return float(value)
 
 
 class Choice(Kind):

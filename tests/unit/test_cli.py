@@ -1,0 +1,97 @@
+"""The command line in-process: exit codes and the messages an operator reads."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+from appliance import __version__
+from appliance.cli import main
+from appliance.errors import EXIT_CONFIG, EXIT_OK, EXIT_UNREACHABLE
+
+
+@pytest.fixture(autouse=True)
+def fresh_machine(tmp_path, monkeypatch):
+    """No /etc/rackboot file and a private data directory, whatever this machine has."""
+    monkeypatch.setenv("RACKBOOT_CONFIG", str(tmp_path / "absent.toml"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_version(capsys):
+    assert run(capsys, "version") == (EXIT_OK, f"rackboot {__version__}\n", "")
+
+
+def test_example_passes_check_from_stdin(capsys, monkeypatch):
+    code, example, _ = run(capsys, "config", "example")
+    assert code == EXIT_OK and "[node]" in example and "[plugins]" in example
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(example.encode())))
+    code, out, err = run(capsys, "config", "check", "-")
+    assert (code, err) == (EXIT_OK, "")
+    assert out.startswith("<stdin>: ok")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[node]\nshutdown_grace = 'soon'\n", "node.shutdown_grace: expected a number >= 0.0 and <= 300.0, found str 'soon'"),
+        ("[node]\nnmae = 'x'\n", "node.nmae: expected a known key (known here: control_socket, data_dir, name, rack, shutdown_grace)"),
+        ("[nodes]\n", "nodes: expected a known section (known: node, plugins"),
+        ("[node]\ndata_dir = 'relative/dir'\n", "node.data_dir: expected an absolute directory path, found str 'relative/dir'"),
+        ("[node\n", "expected valid TOML"),
+        ("[plugins]\ndisabled = 'dhcp'\n", "plugins.disabled: expected a list of plugin names, found str 'dhcp'"),
+    ],
+)
+def test_bad_config_exits_2_naming_file_and_key(capsys, tmp_path, text, message):
+    path = tmp_path / "rack.toml"
+    path.write_text(text)
+    code, out, err = run(capsys, "config", "check", str(path))
+    assert code == EXIT_CONFIG
+    assert out == ""
+    assert err.startswith(f"rackboot: error: {path}: ")
+    assert message in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_run_with_bad_config_exits_2_before_starting(capsys, tmp_path):
+    path = tmp_path / "rack.toml"
+    path.write_text("[node]\nrack = 7\n")
+    code, _, err = run(capsys, "run", "--config", str(path))
+    assert code == EXIT_CONFIG
+    assert f"{path}: node.rack: expected a rack name" in err and "found int 7" in err
+    assert not (tmp_path / "xdg").exists()  # nothing was started or created
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, _, err = run(capsys, "config", "check", str(tmp_path / "nope.toml"))
+    assert code == EXIT_CONFIG
+    assert err == f"rackboot: error: {tmp_path / 'nope.toml'}: expected an existing configuration file\n"
+
+
+def test_status_without_node_exits_4(capsys, tmp_path):
+    code, out, err = run(capsys, "status", "--socket", str(tmp_path / "control.sock"))
+    assert code == EXIT_UNREACHABLE and out == ""
+    assert "no node answers on" in err and "no such socket" in err
+
+
+def test_plugins_list_json_describes_core(capsys):
+    code, out, _ = run(capsys, "plugins", "list", "--json")
+    assert code == EXIT_OK
+    plugins = {p["name"]: p for p in json.loads(out)}
+    assert plugins["core"]["distribution"] == "rackboot"
+    assert plugins["core"]["hooks"] == ["rackboot_config_schema", "rackboot_status"]
+
+
+def test_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["frobnicate"])
+    assert info.value.code == EXIT_CONFIG
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
