@@ -17,17 +17,30 @@ log = get_logger("cli")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rackboot", description="Rackboot provisioning appliance")
-    parser.add_argument("--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)")
     parser.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="default info"
+        "--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)"
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="default info",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--config", metavar="FILE", help="configuration file (default /etc/rackboot/rackboot.toml)")
+        p.add_argument(
+            "--config",
+            metavar="FILE",
+            help="configuration file (default /etc/rackboot/rackboot.toml)",
+        )
         p.add_argument("--dev", action="store_true", help="standalone development defaults")
         p.add_argument(
-            "--disable-plugin", action="append", default=[], metavar="NAME", help="do not load plugin NAME"
+            "--disable-plugin",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="do not load plugin NAME",
         )
         return p
 
@@ -36,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = with_config(sub.add_parser("status", help="show the running node's status"))
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.add_argument("--socket", metavar="PATH", help="control socket (default from the configuration)")
+    status.add_argument(
+        "--socket", metavar="PATH", help="control socket (default from the configuration)"
+    )
     status.set_defaults(func=cmd_status)
 
     cfg = sub.add_parser("config", help="configuration tools")

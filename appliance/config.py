@@ -24,7 +24,9 @@ MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 def dev_data_dir() -> str:
     """Where the standalone development node keeps its state: the user's data directory."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
     return os.path.join(base, "rackboot")
 
 
@@ -68,17 +70,23 @@ def read_document(path: str | os.PathLike | None) -> tuple[str, dict[str, Any]]:
             with open(source, "rb") as fh:
                 data = fh.read(MAX_CONFIG_BYTES + 1)
         except FileNotFoundError:
-            raise ConfigError(source, "", "an existing configuration file", has_found=False) from None
+            raise ConfigError(
+                source, "", "an existing configuration file", has_found=False
+            ) from None
         except IsADirectoryError:
             raise ConfigError(source, "", "a file, not a directory", has_found=False) from None
         except PermissionError:
-            raise ConfigError(source, "", "a readable file (permission denied)", has_found=False) from None
+            raise ConfigError(
+                source, "", "a readable file (permission denied)", has_found=False
+            ) from None
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(source, "", f"at most {MAX_CONFIG_BYTES} bytes", has_found=False)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(source, "", f"UTF-8 text (bad byte at offset {exc.start})", has_found=False) from None
+        raise ConfigError(
+            source, "", f"UTF-8 text (bad byte at offset {exc.start})", has_found=False
+        ) from None
     try:
         return source, tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -106,7 +114,7 @@ def validate(
 ) -> Config:
     """Validate ``document`` against ``sections``; sections of disabled plugins are ignored."""
     by_name = {s.name: s for s in sections}
-    for name, value in document.items():
+    for name, _value in document.items():
         if name in by_name or name in ignored_sections:
             continue
         known = ", ".join(sorted(by_name))

@@ -82,7 +82,10 @@ async def bind_control_socket(path: str) -> trio.socket.SocketType:
 
 
 async def serve_control(
-    sock: trio.socket.SocketType, handlers: dict[str, Handler], *, task_status=trio.TASK_STATUS_IGNORED
+    sock: trio.socket.SocketType,
+    handlers: dict[str, Handler],
+    *,
+    task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     listener = trio.SocketListener(sock)
     task_status.started()
@@ -94,7 +97,9 @@ async def serve_control(
 
 def _peer_uid(stream: trio.SocketStream) -> int | None:
     try:
-        creds = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        creds = stream.socket.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+        )
     except OSError:
         return None
     _pid, uid, _gid = struct.unpack("3i", creds)
@@ -113,7 +118,9 @@ async def _serve_one(stream: trio.SocketStream, handlers: dict[str, Handler]) ->
                 cmd, args = parse_request_untrusted(line)
                 handler = handlers.get(cmd)
                 if handler is None:
-                    raise ControlRequestError(f"unknown command {cmd!r}; known: {', '.join(sorted(handlers))}")
+                    raise ControlRequestError(
+                        f"unknown command {cmd!r}; known: {', '.join(sorted(handlers))}"
+                    )
                 result = handler(args)
                 if inspect.isawaitable(result):
                     result = await result
@@ -152,7 +159,9 @@ def call(path: str, cmd: str, args: dict[str, Any] | None = None, timeout: float
             sock.connect(path)
         except OSError as exc:
             reason = "no such socket" if exc.errno == errno.ENOENT else os.strerror(exc.errno or 0)
-            raise Unreachable(f"no node answers on {path} ({reason}); is `rackboot run` running?") from None
+            raise Unreachable(
+                f"no node answers on {path} ({reason}); is `rackboot run` running?"
+            ) from None
         sock.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
         buf = bytearray()
         while not buf.endswith(b"\n"):

@@ -14,7 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from appliance.config import DEFAULT_CONFIG_PATH, Config, disabled_plugins, read_document, validate
-from appliance.pluginmanager import RackbootPluginManager, build_plugin_manager, call_each, collect_sections
+from appliance.pluginmanager import (
+    RackbootPluginManager,
+    build_plugin_manager,
+    call_each,
+    collect_sections,
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ def load(
     disabled = tuple(dict.fromkeys([*disabled_plugins(origin, document), *extra_disabled]))
     pm = build_plugin_manager(disabled)
     sections = collect_sections(pm)
-    config = validate(origin, document, sections, dev=source.dev, ignored_sections=frozenset(disabled))
+    config = validate(
+        origin, document, sections, dev=source.dev, ignored_sections=frozenset(disabled)
+    )
     call_each(pm, "rackboot_configure", config=config)
     return config, pm

@@ -1,7 +1,7 @@
 """Structured logs on stderr: ``key=value`` by default, JSON lines with ``--log-format json``.
 
-    log = get_logger("node")
-    log.info("ready", services=3, role="active")
+log = get_logger("node")
+log.info("ready", services=3, role="active")
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def _record_fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 def _kv_value(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
+    text = (
+        value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
+    )
     if text == "" or any(c in text for c in ' "=\\\n\t'):
         return json.dumps(text)
     return text

@@ -9,8 +9,9 @@ is ready stops the node with an error that names it: never a half-started node.
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import faulthandler
+import fcntl
 import os
 import signal
 import sys
@@ -64,11 +65,17 @@ class Node:
             self.stopping.set()
 
     def status(self) -> dict[str, Any]:
-        return {name: result for name, result in call_each(self.pm, "rackboot_status", node=self) if result is not None}
+        return {
+            name: result
+            for name, result in call_each(self.pm, "rackboot_status", node=self)
+            if result is not None
+        }
 
     # -- lifecycle --------------------------------------------------------
 
-    async def run(self, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED
+    ) -> None:
         self._started_at = trio.current_time()
         self._prepare_data_dir()
         try:
@@ -115,12 +122,16 @@ class Node:
             self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(self.data_dir / "node.lock", os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
-            raise RackbootError(f"cannot use data directory {self.data_dir}: {exc.strerror}") from None
+            raise RackbootError(
+                f"cannot use data directory {self.data_dir}: {exc.strerror}"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise AlreadyRunning(f"another node is running with data directory {self.data_dir}") from None
+            raise AlreadyRunning(
+                f"another node is running with data directory {self.data_dir}"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
@@ -135,7 +146,9 @@ class Node:
         for plugin, result in call_each(self.pm, "rackboot_services", node=self):
             for svc in result or ():
                 if not isinstance(svc, Service):
-                    raise PluginError(f"plugin {plugin!r}: rackboot_services returned {svc!r}, expected Service objects")
+                    raise PluginError(
+                        f"plugin {plugin!r}: rackboot_services returned {svc!r}, expected Service objects"
+                    )
                 services.append(Service(f"{plugin}.{svc.name}", svc.run, plugin))
         names = [s.name for s in services]
         duplicates = {n for n in names if names.count(n) > 1}
@@ -179,10 +192,14 @@ class Node:
             self.service_state[svc.name] = "failed"
             log.error("service failed", service=svc.name, error=f"{type(exc).__name__}: {exc}")
             self.request_stop(f"service {svc.name} failed")
-            raise PluginError(f"plugin {svc.plugin!r}: service {svc.name!r} failed: {type(exc).__name__}: {exc}") from exc
+            raise PluginError(
+                f"plugin {svc.plugin!r}: service {svc.name!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         else:
             if not started:
-                raise PluginError(f"plugin {svc.plugin!r}: service {svc.name!r} returned without becoming ready")
+                raise PluginError(
+                    f"plugin {svc.plugin!r}: service {svc.name!r} returned without becoming ready"
+                )
             self.service_state[svc.name] = "stopped"
 
     def _set_role(self, new: Role) -> None:
@@ -199,7 +216,9 @@ class Node:
         for plugin, commands in call_each(self.pm, "rackboot_control_commands", node=self):
             for name, handler in (commands or {}).items():
                 if name in handlers:
-                    raise PluginError(f"plugin {plugin!r}: control command {name!r} is already taken")
+                    raise PluginError(
+                        f"plugin {plugin!r}: control command {name!r} is already taken"
+                    )
                 handlers[name] = handler
         return handlers
 
@@ -208,14 +227,15 @@ class Node:
             task_status.started()
             async for signum in signals:
                 if self.stopping.is_set():
-                    log.error("second signal during shutdown: exiting now", signal=signal.Signals(signum).name)
+                    log.error(
+                        "second signal during shutdown: exiting now",
+                        signal=signal.Signals(signum).name,
+                    )
                     sys.stderr.flush()
                     os._exit(1)
                 self.request_stop(signal.Signals(signum).name)
 
 
 def _unlink_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

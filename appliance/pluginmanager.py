@@ -46,7 +46,12 @@ def build_plugin_manager(
     pm = RackbootPluginManager()
     pm.disabled = tuple(disabled)
     pm.hook.rackboot_addhooks.call_historic(kwargs={"pluginmanager": pm})
-    _register(pm, core_plugin, "core", PluginInfo("core", core_plugin.__name__, "rackboot", _own_version(), "core"))
+    _register(
+        pm,
+        core_plugin,
+        "core",
+        PluginInfo("core", core_plugin.__name__, "rackboot", _own_version(), "core"),
+    )
 
     if entry_points is None:
         entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
@@ -58,12 +63,16 @@ def build_plugin_manager(
         if ep.name in pm.disabled:
             continue
         if ep.name in seen or ep.name == "core":
-            raise PluginError(f"plugin {ep.name!r}: {where} clashes with {seen.get(ep.name, 'the core')}")
+            raise PluginError(
+                f"plugin {ep.name!r}: {where} clashes with {seen.get(ep.name, 'the core')}"
+            )
         seen[ep.name] = where
         try:
             plugin = ep.load()
         except Exception as exc:  # a broken plugin is named, not a traceback
-            raise PluginError(f"plugin {ep.name!r} failed to import: {where}: {_reason(exc)}") from exc
+            raise PluginError(
+                f"plugin {ep.name!r} failed to import: {where}: {_reason(exc)}"
+            ) from exc
         info = PluginInfo(
             name=ep.name,
             module=getattr(plugin, "__name__", type(plugin).__name__),
@@ -84,13 +93,17 @@ def build_plugin_manager(
     return pm
 
 
-def _register(pm: RackbootPluginManager, plugin: Any, name: str, info: PluginInfo, where: str = "") -> None:
+def _register(
+    pm: RackbootPluginManager, plugin: Any, name: str, info: PluginInfo, where: str = ""
+) -> None:
     try:
         pm.register(plugin, name=name)
     except pluggy.PluginValidationError as exc:
         raise PluginError(f"plugin {name!r} is invalid ({where or info.source}): {exc}") from exc
     except Exception as exc:  # a plugin's own addhooks may raise
-        raise PluginError(f"plugin {name!r} failed to register ({where or info.source}): {_reason(exc)}") from exc
+        raise PluginError(
+            f"plugin {name!r} failed to register ({where or info.source}): {_reason(exc)}"
+        ) from exc
     pm.infos[name] = info
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,9 @@ class Int(Kind):
     def check(self, value, source, keypath):
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(value, source, keypath)
-        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+        if (self.min is not None and value < self.min) or (
+            self.max is not None and value > self.max
+        ):
             self.fail(value, source, keypath)
         return value
 
@@ -82,7 +84,9 @@ class Float(Kind):
     def check(self, value, source, keypath):
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.fail(value, source, keypath)
-        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+        if (self.min is not None and value < self.min) or (
+            self.max is not None and value > self.max
+        ):
             self.fail(value, source, keypath)
         return float(value)
 
@@ -103,7 +107,11 @@ class IPv4Address(Kind):
 
     def check(self, value, source, keypath):
         try:
-            return ipaddress.IPv4Address(value) if isinstance(value, str) else self.fail(value, source, keypath)
+            return (
+                ipaddress.IPv4Address(value)
+                if isinstance(value, str)
+                else self.fail(value, source, keypath)
+            )
         except ValueError:
             self.fail(value, source, keypath)
 
@@ -116,7 +124,11 @@ class IPv4Network(Kind):
 
     def check(self, value, source, keypath):
         try:
-            return ipaddress.IPv4Network(value) if isinstance(value, str) else self.fail(value, source, keypath)
+            return (
+                ipaddress.IPv4Network(value)
+                if isinstance(value, str)
+                else self.fail(value, source, keypath)
+            )
         except ValueError:
             self.fail(value, source, keypath)
 
@@ -278,7 +290,9 @@ def validate_table(
             continue
         default = spec.resolve_default(dev)
         if default is REQUIRED:
-            raise ConfigError(source, path, spec.kind.expected + " (this key is required)", has_found=False)
+            raise ConfigError(
+                source, path, spec.kind.expected + " (this key is required)", has_found=False
+            )
         if isinstance(spec.kind, Table) and isinstance(default, dict):
             default = spec.kind.check(default, source, path, dev)
         values[name] = default

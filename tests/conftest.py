@@ -15,7 +15,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.register_profile(
     "long", max_examples=100_000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -10,7 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from appliance.config import Config, validate
-from appliance.pluginmanager import RackbootPluginManager, build_plugin_manager, call_each, collect_sections
+from appliance.pluginmanager import (
+    RackbootPluginManager,
+    build_plugin_manager,
+    call_each,
+    collect_sections,
+)
 
 
 def configured(

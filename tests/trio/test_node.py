@@ -78,7 +78,9 @@ async def test_services_start_in_order_then_node_serves_and_stops(tmp_path, auto
     config, pm = configured(tmp_path, rec=Recorder(events))
     node = Node(config, pm)
     async with trio.open_nursery() as nursery:
-        started = await nursery.start(lambda task_status: node.run(handle_signals=False, task_status=task_status))
+        started = await nursery.start(
+            lambda task_status: node.run(handle_signals=False, task_status=task_status)
+        )
         assert started is node
         # Each service became ready one after the other; then the node turned active.
         assert events == [("ready", "a", 1.0), ("ready", "b", 2.0), ("role", "standby", "active")]
@@ -107,11 +109,16 @@ async def test_services_start_in_order_then_node_serves_and_stops(tmp_path, auto
 @pytest.mark.parametrize(
     ("mode", "message"),
     [
-        ("before-ready", "plugin 'rec': service 'rec.a' failed to start: OSError: [Errno 98] Address already in use"),
+        (
+            "before-ready",
+            "plugin 'rec': service 'rec.a' failed to start: OSError: [Errno 98] Address already in use",
+        ),
         ("no-ready", "plugin 'rec': service 'rec.a' returned without becoming ready"),
     ],
 )
-async def test_service_failing_to_start_stops_the_node_named(tmp_path, autojump_clock, mode, message):
+async def test_service_failing_to_start_stops_the_node_named(
+    tmp_path, autojump_clock, mode, message
+):
     events: list = []
     config, pm = configured(tmp_path, rec=Recorder(events, fail={"a": mode}))
     node = Node(config, pm)
@@ -141,7 +148,9 @@ async def test_second_node_on_same_data_dir_is_refused(tmp_path, autojump_clock)
     config, pm = configured(tmp_path, rec=Recorder([]))
     first = Node(config, pm)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: first.run(handle_signals=False, task_status=task_status))
+        await nursery.start(
+            lambda task_status: first.run(handle_signals=False, task_status=task_status)
+        )
         with pytest.raises(AlreadyRunning, match="another node is running with data directory"):
             await Node(config, pm).run(handle_signals=False)
         # The refused node did not disturb the running one.
@@ -157,7 +166,9 @@ async def test_stale_control_socket_is_replaced(tmp_path, autojump_clock):
     stale.close()  # the file stays, nobody listens: a node that died
     node = Node(config, pm)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: node.run(handle_signals=False, task_status=task_status))
+        await nursery.start(
+            lambda task_status: node.run(handle_signals=False, task_status=task_status)
+        )
         assert (await control(node.control_path, "ping"))["result"] == "pong"
         node.request_stop()
 
@@ -169,7 +180,9 @@ async def test_bad_services_and_commands_are_named(tmp_path, autojump_clock):
             return ["run me"]
 
     config, pm = configured(tmp_path, odd=NotAService())
-    with pytest.raises(PluginError, match="plugin 'odd': rackboot_services returned 'run me', expected Service"):
+    with pytest.raises(
+        PluginError, match="plugin 'odd': rackboot_services returned 'run me', expected Service"
+    ):
         await Node(config, pm).run(handle_signals=False)
 
     class Squatter:
@@ -178,5 +191,7 @@ async def test_bad_services_and_commands_are_named(tmp_path, autojump_clock):
             return {"status": lambda args: "mine"}
 
     config, pm = configured(tmp_path, squat=Squatter())
-    with pytest.raises(PluginError, match="plugin 'squat': control command 'status' is already taken"):
+    with pytest.raises(
+        PluginError, match="plugin 'squat': control command 'status' is already taken"
+    ):
         await Node(config, pm).run(handle_signals=False)

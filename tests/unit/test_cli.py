@@ -42,12 +42,24 @@ def test_example_passes_check_from_stdin(capsys, monkeypatch):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[node]\nshutdown_grace = 'soon'\n", "node.shutdown_grace: expected a number >= 0.0 and <= 300.0, found str 'soon'"),
-        ("[node]\nnmae = 'x'\n", "node.nmae: expected a known key (known here: control_socket, data_dir, name, rack, shutdown_grace)"),
+        (
+            "[node]\nshutdown_grace = 'soon'\n",
+            "node.shutdown_grace: expected a number >= 0.0 and <= 300.0, found str 'soon'",
+        ),
+        (
+            "[node]\nnmae = 'x'\n",
+            "node.nmae: expected a known key (known here: control_socket, data_dir, name, rack, shutdown_grace)",
+        ),
         ("[nodes]\n", "nodes: expected a known section (known: node, plugins"),
-        ("[node]\ndata_dir = 'relative/dir'\n", "node.data_dir: expected an absolute directory path, found str 'relative/dir'"),
+        (
+            "[node]\ndata_dir = 'relative/dir'\n",
+            "node.data_dir: expected an absolute directory path, found str 'relative/dir'",
+        ),
         ("[node\n", "expected valid TOML"),
-        ("[plugins]\ndisabled = 'dhcp'\n", "plugins.disabled: expected a list of plugin names, found str 'dhcp'"),
+        (
+            "[plugins]\ndisabled = 'dhcp'\n",
+            "plugins.disabled: expected a list of plugin names, found str 'dhcp'",
+        ),
     ],
 )
 def test_bad_config_exits_2_naming_file_and_key(capsys, tmp_path, text, message):
@@ -73,7 +85,10 @@ def test_run_with_bad_config_exits_2_before_starting(capsys, tmp_path):
 def test_missing_config_file(capsys, tmp_path):
     code, _, err = run(capsys, "config", "check", str(tmp_path / "nope.toml"))
     assert code == EXIT_CONFIG
-    assert err == f"rackboot: error: {tmp_path / 'nope.toml'}: expected an existing configuration file\n"
+    assert (
+        err
+        == f"rackboot: error: {tmp_path / 'nope.toml'}: expected an existing configuration file\n"
+    )
 
 
 def test_status_without_node_exits_4(capsys, tmp_path):

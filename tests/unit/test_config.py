@@ -48,7 +48,9 @@ SUBNET = Section(
             default=(),
             doc="Subnets.",
         ),
-        "probe": Field(Table({"timeout": Field(Float(min=0.0), default=0.5)}), default={}, doc="Probe."),
+        "probe": Field(
+            Table({"timeout": Field(Float(min=0.0), default=0.5)}), default={}, doc="Probe."
+        ),
     },
 )
 
@@ -92,7 +94,12 @@ def test_values_are_converted():
         ({"dhcp": {"mode": "relay"}}, "dhcp.mode", "one of 'auth', 'proxy'", "str 'relay'"),
         ({"dhcp": {"server": "300.1.1.1"}}, "dhcp.server", "an IPv4 address", "str '300.1.1.1'"),
         ({"dhcp": {"names": ["a", 3]}}, "dhcp.names[1]", "a string", "int 3"),
-        ({"dhcp": {"subnets": [{"network": "x"}]}}, "dhcp.subnets[0].network", "an IPv4 network", "str 'x'"),
+        (
+            {"dhcp": {"subnets": [{"network": "x"}]}},
+            "dhcp.subnets[0].network",
+            "an IPv4 network",
+            "str 'x'",
+        ),
         ({"dhcp": {"subnets": [5]}}, "dhcp.subnets[0]", "a table", "int 5"),
         ({"dhcp": {"probe": {"timeout": -1}}}, "dhcp.probe.timeout", "a number >= 0.0", "int -1"),
         ({"dhcp": 3}, "dhcp", "a table", "int 3"),
@@ -110,16 +117,24 @@ def test_wrong_values_name_file_key_expectation_and_value(document, keypath, exp
 
 
 def test_unknown_key_and_section_list_what_is_known():
-    with pytest.raises(ConfigError, match=r"rack.toml: dhcp.prot: expected a known key \(known here: .*port"):
+    with pytest.raises(
+        ConfigError, match=r"rack.toml: dhcp.prot: expected a known key \(known here: .*port"
+    ):
         check({"dhcp": {"prot": 67}})
-    with pytest.raises(ConfigError, match=r"rack.toml: dhcp.subnets\[0\].gateway: expected a known key"):
+    with pytest.raises(
+        ConfigError, match=r"rack.toml: dhcp.subnets\[0\].gateway: expected a known key"
+    ):
         check({"dhcp": {"subnets": [{"network": "192.0.2.0/24", "gateway": "192.0.2.1"}]}})
-    with pytest.raises(ConfigError, match=r"rack.toml: tftp: expected a known section \(known: dhcp\)"):
+    with pytest.raises(
+        ConfigError, match=r"rack.toml: tftp: expected a known section \(known: dhcp\)"
+    ):
         check({"tftp": {}})
 
 
 def test_disabled_plugin_sections_are_ignored():
-    cfg = validate("f", {"tftp": {"anything": 1}}, [SUBNET], dev=False, ignored_sections=frozenset({"tftp"}))
+    cfg = validate(
+        "f", {"tftp": {"anything": 1}}, [SUBNET], dev=False, ignored_sections=frozenset({"tftp"})
+    )
     assert "tftp" not in cfg.sections
 
 

@@ -21,10 +21,12 @@ def stream():
 
 def test_key_value_lines_quote_what_needs_quoting(stream):
     setup_logging("kv", "info", stream)
-    get_logger("node").info("service ready", service="dhcp.server", note='two words "q"', n=3, empty="")
+    get_logger("node").info(
+        "service ready", service="dhcp.server", note='two words "q"', n=3, empty=""
+    )
     line = stream.getvalue()
     assert line.endswith("\n") and line.count("\n") == 1
-    assert " level=info logger=rackboot.node msg=\"service ready\" service=dhcp.server " in line
+    assert ' level=info logger=rackboot.node msg="service ready" service=dhcp.server ' in line
     assert 'note="two words \\"q\\"" n=3 empty=""' in line
 
 
@@ -32,7 +34,9 @@ def test_json_lines_and_reserved_field_names(stream):
     setup_logging("json", "debug", stream)
     get_logger("x").debug("hello", level="shadow", addr=("10.0.0.1", 67))
     record = json.loads(stream.getvalue())
-    assert record["level"] == "debug" and record["logger"] == "rackboot.x" and record["msg"] == "hello"
+    assert (
+        record["level"] == "debug" and record["logger"] == "rackboot.x" and record["msg"] == "hello"
+    )
     assert record["level_"] == "shadow" and record["addr"] == ["10.0.0.1", 67]
     assert record["ts"].endswith("Z")
 

@@ -56,7 +56,11 @@ def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
     assert info.source == f"entry point {ENTRY_POINT_GROUP}: good = rbt_good"
     assert info.hooks == ["rackboot_config_schema", "rackboot_status"]
     sections = collect_sections(pm)
-    assert [(s.name, s.owner) for s in sections] == [("node", "core"), ("plugins", "core"), ("good", "good")]
+    assert [(s.name, s.owner) for s in sections] == [
+        ("node", "core"),
+        ("plugins", "core"),
+        ("good", "good"),
+    ]
 
 
 def test_disabled_plugin_is_not_imported(plugin_dir):
@@ -70,7 +74,9 @@ def test_import_failure_names_entry_point_and_reason(plugin_dir):
     with pytest.raises(PluginError) as info:
         build_plugin_manager(entry_points=[ep])
     assert info.value.exit_code == EXIT_PLUGIN
-    assert str(info.value).startswith("plugin 'broken' failed to import: entry point 'broken' (rbt_broken)")
+    assert str(info.value).startswith(
+        "plugin 'broken' failed to import: entry point 'broken' (rbt_broken)"
+    )
     assert str(info.value).endswith("RuntimeError: boom at import")
 
 
@@ -85,7 +91,9 @@ def test_unknown_hook_is_refused(plugin_dir):
             return []
         """,
     )
-    with pytest.raises(PluginError, match="plugin 'typo' implements an unknown hook.*rackboot_servics"):
+    with pytest.raises(
+        PluginError, match="plugin 'typo' implements an unknown hook.*rackboot_servics"
+    ):
         build_plugin_manager(entry_points=[ep])
 
 
@@ -165,7 +173,9 @@ def test_raising_hook_is_named():
 
     pm = build_plugin_manager(entry_points=[])
     pm.register(Bad(), name="bad")
-    with pytest.raises(PluginError, match="plugin 'bad' failed in rackboot_config_schema: KeyError: 'oops'"):
+    with pytest.raises(
+        PluginError, match="plugin 'bad' failed in rackboot_config_schema: KeyError: 'oops'"
+    ):
         collect_sections(pm)
 
 
@@ -177,7 +187,9 @@ def test_config_errors_pass_through_unchanged():
 
     pm = build_plugin_manager(entry_points=[])
     pm.register(Strict(), name="strict")
-    with pytest.raises(ConfigError, match="f: strict.port: expected a port above 1024, found int 80"):
+    with pytest.raises(
+        ConfigError, match="f: strict.port: expected a port above 1024, found int 80"
+    ):
         call_each(pm, "rackboot_configure", config=None)
 
 
