@@ -191,6 +191,9 @@ class Node:
                 raise
             self.service_state[svc.name] = "failed"
             log.error("service failed", service=svc.name, error=f"{type(exc).__name__}: {exc}")
+            # Step down now: raising cancels the sibling services at once, and
+            # they must stop outward effects first.
+            self._set_role(Role.STANDBY)
             self.request_stop(f"service {svc.name} failed")
             raise PluginError(
                 f"plugin {svc.plugin!r}: service {svc.name!r} failed: {type(exc).__name__}: {exc}"
