@@ -1,0 +1,68 @@
+"""Group commit: appends made while a write is in flight share the next write."""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+
+from appliance.journal import GroupCommitter, JournalFile
+
+
+class GatedJournal(JournalFile):
+    """A journal whose appends wait for the test to open a gate (a slow disk)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.gate = threading.Event()
+        self.calls: list[int] = []
+        self.fail_next = False
+
+    def append(self, frames: bytes, count: int) -> None:
+        self.calls.append(count)
+        assert self.gate.wait(10)
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError(28, "No space left on device")
+        super().append(frames, count)
+
+
+async def test_appends_during_a_write_share_the_next_one(tmp_path, autojump_clock):
+    journal = GatedJournal(tmp_path / "j")
+    journal.open()
+    committer = GroupCommitter(journal)
+    durable: list[int] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(committer.run)
+            committer.submit(b"0", lambda: durable.append(0))
+            while not journal.calls:  # until the first write is in flight (virtual time)
+                await trio.sleep(0.001)
+            for i in range(1, 50):
+                committer.submit(b"%d" % i, lambda i=i: durable.append(i))
+            assert durable == []  # nothing is claimed before it is on disk
+            journal.gate.set()
+            while len(durable) < 50:
+                await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+    assert journal.calls == [1, 49]
+    assert durable == list(range(50))
+    journal.close()
+    assert JournalFile(tmp_path / "j").open() == [b"%d" % i for i in range(50)]
+
+
+async def test_a_failed_write_acknowledges_nothing_and_later_writes_work(tmp_path, autojump_clock):
+    journal = GatedJournal(tmp_path / "j")
+    journal.open()
+    journal.gate.set()
+    journal.fail_next = True
+    committer = GroupCommitter(journal)
+    durable: list[bytes] = []
+    committer.submit(b"lost", lambda: durable.append(b"lost"))
+    await committer.flush()
+    assert durable == [] and committer.failures == 1 and committer.pending == 0
+    committer.submit(b"kept", lambda: durable.append(b"kept"))
+    await committer.flush()
+    assert durable == [b"kept"]
+    journal.close()
+    assert JournalFile(tmp_path / "j").open() == [b"kept"]
