@@ -125,7 +125,7 @@ async def _serve_one(stream: trio.SocketStream, handlers: dict[str, Handler]) ->
                 if inspect.isawaitable(result):
                     result = await result
                 response = {"ok": True, "result": result}
-            except ControlRequestError as exc:
+            except (ControlRequestError, RackbootError) as exc:
                 response = {"ok": False, "error": str(exc)}
             except Exception as exc:  # a handler bug must not take the node down
                 log.error("control command failed", error=f"{type(exc).__name__}: {exc}")

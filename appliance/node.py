@@ -65,9 +65,16 @@ class Node:
             self.stopping.set()
 
     def status(self) -> dict[str, Any]:
+        """Every plugin's contribution; one that raises reports its error
+        instead of hiding everyone else's status."""
+
+        def failed(exc: PluginError) -> dict[str, str]:
+            log.error("status hook failed", error=str(exc))
+            return {"error": str(exc)}
+
         return {
             name: result
-            for name, result in call_each(self.pm, "rackboot_status", node=self)
+            for name, result in call_each(self.pm, "rackboot_status", on_error=failed, node=self)
             if result is not None
         }
 
@@ -76,6 +83,14 @@ class Node:
     async def run(
         self, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED
     ) -> None:
+        try:
+            await self._run(handle_signals, task_status)
+        except BaseExceptionGroup as group:
+            # trio nurseries wrap every error in a group; the operator gets the
+            # one that says what went wrong, with its exit code.
+            raise _sole_cause(group) from None
+
+    async def _run(self, handle_signals: bool, task_status) -> None:
         self._started_at = trio.current_time()
         self._prepare_data_dir()
         try:
@@ -237,6 +252,25 @@ class Node:
                     sys.stderr.flush()
                     os._exit(1)
                 self.request_stop(signal.Signals(signum).name)
+
+
+def _sole_cause(group: BaseExceptionGroup) -> BaseException:
+    """The error to report from a nursery's group: its first RackbootError,
+    else its only non-cancellation leaf, else the group itself."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        elif not isinstance(exc, trio.Cancelled):
+            leaves.append(exc)
+
+    walk(group)
+    for leaf in leaves:
+        if isinstance(leaf, RackbootError):
+            return leaf
+    return leaves[0] if len(leaves) == 1 else group
 
 
 def _unlink_quietly(path: str) -> None:

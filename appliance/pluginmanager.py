@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,16 +148,31 @@ def call_plugin(plugin_name: str, hook: str, fn: Any, *args: Any, **kwargs: Any)
         raise PluginError(f"plugin {plugin_name!r} failed in {hook}: {_reason(exc)}") from exc
 
 
-def call_each(pm: pluggy.PluginManager, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+def call_each(
+    pm: pluggy.PluginManager,
+    hook: str,
+    *,
+    on_error: Callable[[PluginError], Any] | None = None,
+    **kwargs: Any,
+) -> list[tuple[str, Any]]:
     """Call every implementation of ``hook``, naming the plugin if one raises.
 
-    Returns ``(plugin_name, result)`` pairs in registration order.
+    Returns ``(plugin_name, result)`` pairs in pluggy's call order (registration
+    order, adjusted by ``tryfirst``/``trylast``). A raising implementation
+    raises its PluginError, or with ``on_error`` contributes ``on_error(err)``
+    and the others still run.
     """
     results = []
     for impl in reversed(getattr(pm.hook, hook).get_hookimpls()):
         name = pm.get_name(impl.plugin) or "?"
         args = {k: kwargs[k] for k in impl.argnames}
-        results.append((name, call_plugin(name, hook, impl.function, **args)))
+        try:
+            result = call_plugin(name, hook, impl.function, **args)
+        except PluginError as exc:
+            if on_error is None:
+                raise
+            result = on_error(exc)
+        results.append((name, result))
     return results
 
 

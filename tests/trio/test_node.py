@@ -195,3 +195,34 @@ async def test_bad_services_and_commands_are_named(tmp_path, autojump_clock):
         PluginError, match="plugin 'squat': control command 'status' is already taken"
     ):
         await Node(config, pm).run(handle_signals=False)
+
+
+async def test_a_raising_status_hook_is_reported_beside_the_others(tmp_path, autojump_clock):
+    class Broken:
+        @hookimpl
+        def rackboot_status(self, node):
+            raise KeyError("gone")
+
+    class Failing:
+        @hookimpl
+        def rackboot_control_commands(self, node):
+            def refuse(args):
+                raise PluginError("plugin 'fail': no such lease")
+
+            return {"fail.cmd": refuse}
+
+    config, pm = configured(tmp_path, rec=Recorder([]), broken=Broken(), fail=Failing())
+    node = Node(config, pm)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: node.run(handle_signals=False, task_status=task_status)
+        )
+        status = (await control(node.control_path, "status"))["result"]
+        assert status["broken"] == {
+            "error": "plugin 'broken' failed in rackboot_status: KeyError: 'gone'"
+        }
+        assert status["rec"] == {"served": 3} and status["core"]["role"] == "active"
+        # An operator-facing error from a command reaches the client as it is.
+        reply = await control(node.control_path, "fail.cmd")
+        assert reply == {"ok": False, "error": "plugin 'fail': no such lease"}
+        node.request_stop()

@@ -20,6 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SANS_IO = [
     "appliance.schema",
     "appliance.errors",
+    "plugins.dhcp.options",
+    "plugins.dhcp.codec",
+    "plugins.dhcp.leases",
+    "plugins.tftp.packets",
+    "plugins.tftp.negotiate",
+    "plugins.tftp.transfer",
+    "plugins.tftp.confine",  # the filesystem only: no network, no clock
 ]
 
 FORBIDDEN = {
