@@ -1,0 +1,1 @@
+"""The DHCP plugin: DHCPv4 server for PXE racks (codec, lease table, server machine)."""
