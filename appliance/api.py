@@ -67,7 +67,24 @@ class Service:
     plugin: str = ""  # filled in by the core
 
 
+@dataclass(frozen=True)
+class CliCommand:
+    """``rackboot WORD...``: a control request to the running node, rendered.
+
+    ``arguments`` are ``(flags, argparse keyword arguments)`` pairs; their
+    parsed values (by ``dest``) become the request's args. ``render`` turns
+    the node's JSON result into lines for a person.
+    """
+
+    words: tuple[str, ...]
+    help: str
+    control: str
+    render: Callable[[Any], str]
+    arguments: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = ()
+
+
 __all__ = [
+    "CliCommand",
     "ENTRY_POINT_GROUP",
     "REQUIRED",
     "Bool",

@@ -8,14 +8,16 @@ import sys
 from typing import Any
 
 from appliance import __version__, control
+from appliance.api import CliCommand
 from appliance.errors import EXIT_OK, RackbootError
 from appliance.loader import ConfigSource, load, resolve_source
 from appliance.logs import get_logger, setup_logging
+from appliance.pluginmanager import build_plugin_manager, call_each
 
 log = get_logger("cli")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rackboot", description="Rackboot provisioning appliance")
     parser.add_argument(
         "--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)"
@@ -47,10 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = with_config(sub.add_parser("run", help="run the appliance node"))
     run.set_defaults(func=cmd_run)
 
-    status = with_config(sub.add_parser("status", help="show the running node's status"))
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.add_argument(
-        "--socket", metavar="PATH", help="control socket (default from the configuration)"
+    status = with_query(
+        with_config(sub.add_parser("status", help="show the running node's status"))
     )
     status.set_defaults(func=cmd_status)
 
@@ -72,7 +72,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=lambda args: print(f"rackboot {__version__}") or EXIT_OK)
+
+    metrics = with_query(with_config(sub.add_parser("metrics", help="print Prometheus metrics")))
+    metrics.set_defaults(func=cmd_metrics)
+
+    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): sub}
+    for command in extra:
+        for depth in range(1, len(command.words)):
+            prefix = command.words[:depth]
+            if prefix not in groups:
+                group = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
+                groups[prefix] = group.add_subparsers(metavar="ACTION", required=True)
+        p = groups[command.words[:-1]].add_parser(command.words[-1], help=command.help)
+        dests = [p.add_argument(*flags, **options).dest for flags, options in command.arguments]
+        with_query(with_config(p)).set_defaults(
+            func=cmd_plugin, plugin_command=command, plugin_args=dests
+        )
     return parser
+
+
+def with_query(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of a command that asks the running node."""
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--socket", metavar="PATH", help="control socket (default from the configuration)"
+    )
+    return p
+
+
+def plugin_cli_commands() -> list[CliCommand]:
+    """Every loadable plugin's CLI commands; a broken plugin is reported by
+    the commands that load it (run, plugins list), not here."""
+    try:
+        pm = build_plugin_manager(())
+        found = call_each(pm, "rackboot_cli_commands")
+    except RackbootError:
+        return []
+    return [command for _, commands in found for command in commands or ()]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -93,12 +129,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def control_path(args: argparse.Namespace) -> str:
+    if args.socket is not None:
+        return args.socket
+    config, _ = load(resolve_source(args.config, args.dev), args.disable_plugin)
+    return config.node.control_socket or f"{config.node.data_dir}/control.sock"
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    text = control.call(control_path(args), "metrics")
+    print(json.dumps(text) if args.json else text, end="" if not args.json else "\n")
+    return EXIT_OK
+
+
+def cmd_plugin(args: argparse.Namespace) -> int:
+    command: CliCommand = args.plugin_command
+    request = {dest: getattr(args, dest) for dest in args.plugin_args}
+    result = control.call(control_path(args), command.control, request)
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else command.render(result))
+    return EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    path = args.socket
-    if path is None:
-        config, _ = load(resolve_source(args.config, args.dev), args.disable_plugin)
-        path = config.node.control_socket or f"{config.node.data_dir}/control.sock"
-    status = control.call(path, "status")
+    status = control.call(control_path(args), "status")
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
     else:
@@ -168,7 +221,7 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(plugin_cli_commands())
     args = parser.parse_args(argv)
     setup_logging(args.log_format, args.log_level)
     try:

@@ -21,7 +21,7 @@ from appliance.api import hookspec
 if TYPE_CHECKING:
     import pluggy
 
-    from appliance.api import Role, Section, Service
+    from appliance.api import CliCommand, Role, Section, Service
     from appliance.config import Config
     from appliance.node import Node
 
@@ -136,4 +136,19 @@ def rackboot_control_commands(node: Node) -> dict[str, Callable[[dict[str, Any]]
         prefix them with the plugin name (``"dhcp.leases"``).
 
     The socket is reachable only by root and the node's own user.
+    """
+
+
+@hookspec
+def rackboot_cli_commands() -> list[CliCommand] | None:
+    """Add ``rackboot`` subcommands that query the running node.
+
+    :return: :class:`appliance.api.CliCommand` objects. Each becomes
+        ``rackboot WORD... [--json] [--socket PATH] [--config FILE]``: the CLI
+        sends the command's control request (with the parsed ``arguments``
+        as its args) and prints ``render(result)``, or the raw JSON with
+        ``--json``. Pair it with a :func:`rackboot_control_commands` handler.
+
+    Called without configuration, before the command line is parsed: return
+    the same commands whatever the configuration says.
     """

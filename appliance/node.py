@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import fcntl
+import io
 import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import trio
 
 from appliance import control
@@ -45,6 +47,9 @@ class Node:
         self.services: list[Service] = []
         self.service_state: dict[str, str] = {}
         self.stopping = trio.Event()
+        # Plugins register their Prometheus metrics here (never the global
+        # registry: tests run many nodes in one process).
+        self.metrics = prometheus_client.CollectorRegistry()
         self._started_at = 0.0
         self._lock_fd: int | None = None
 
@@ -115,9 +120,7 @@ class Node:
                             )
                             task_status.started(self)
                             await self.stopping.wait()
-                            faulthandler.dump_traceback_later(
-                                self.shutdown_grace + SHUTDOWN_WATCHDOG_SLACK, exit=True
-                            )
+                            _arm_shutdown_watchdog(self.shutdown_grace + SHUTDOWN_WATCHDOG_SLACK)
                             self._set_role(Role.STANDBY)
                             services.cancel_scope.cancel()
                     finally:
@@ -230,6 +233,7 @@ class Node:
         handlers: dict[str, control.Handler] = {
             "ping": lambda args: "pong",
             "status": lambda args: self.status(),
+            "metrics": lambda args: prometheus_client.generate_latest(self.metrics).decode(),
         }
         for plugin, commands in call_each(self.pm, "rackboot_control_commands", node=self):
             for name, handler in (commands or {}).items():
@@ -271,6 +275,15 @@ def _sole_cause(group: BaseExceptionGroup) -> BaseException:
         if isinstance(leaf, RackbootError):
             return leaf
     return leaves[0] if len(leaves) == 1 else group
+
+
+def _arm_shutdown_watchdog(timeout: float) -> None:
+    """Dump every stack and exit if shutdown hangs; not possible when stderr
+    is not a real file (embedded runs, captured output)."""
+    try:
+        faulthandler.dump_traceback_later(timeout, exit=True)
+    except (io.UnsupportedOperation, ValueError, AttributeError):
+        log.debug("no shutdown watchdog: stderr has no file descriptor")
 
 
 def _unlink_quietly(path: str) -> None:

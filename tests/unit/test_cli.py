@@ -110,3 +110,58 @@ def test_usage_error_exits_2(capsys):
         main(["frobnicate"])
     assert info.value.code == EXIT_CONFIG
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
+
+
+def test_plugin_commands_and_metrics_ask_the_running_node(capsys, monkeypatch, tmp_path):
+    """A plugin's CLI command reaches its control handler on a real node in a thread."""
+    import threading
+
+    import trio
+
+    from appliance import cli
+    from appliance.api import CliCommand, hookimpl
+    from appliance.node import Node
+    from tests.support.plugins import configured
+
+    class Inventory:
+        @hookimpl
+        def rackboot_control_commands(self, node):
+            return {"inv.find": lambda args: {"asked": args}}
+
+    command = CliCommand(
+        ("inventory", "find"),
+        "find a machine",
+        "inv.find",
+        render=lambda result: f"asked for {result['asked']['mac']}",
+        arguments=((("mac",), {}), (("--all",), {"action": "store_true"})),
+    )
+    monkeypatch.setattr(cli, "plugin_cli_commands", lambda: [command])
+    config, pm = configured(tmp_path, inv=Inventory())
+    node = Node(config, pm)
+    ready = threading.Event()
+    token: list[trio.lowlevel.TrioToken] = []
+
+    async def serve():
+        token.append(trio.lowlevel.current_trio_token())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                lambda task_status: node.run(handle_signals=False, task_status=task_status)
+            )
+            ready.set()
+
+    thread = threading.Thread(target=trio.run, args=(serve,))
+    thread.start()
+    try:
+        assert ready.wait(30)
+        sock = ("--socket", node.control_path)
+        # stderr carries the node thread's logs too: compare the answers only.
+        code, out, _ = run(capsys, "inventory", "find", "aa:bb", *sock)
+        assert (code, out) == (EXIT_OK, "asked for aa:bb\n")
+        code, out, _ = run(capsys, "inventory", "find", "aa:bb", "--all", "--json", *sock)
+        assert json.loads(out) == {"asked": {"mac": "aa:bb", "all": True}}
+        code, out, _ = run(capsys, "metrics", *sock)
+        assert code == EXIT_OK and "# HELP" not in out  # an empty registry: no plugin metrics yet
+    finally:
+        if token:
+            trio.from_thread.run_sync(node.request_stop, trio_token=token[0])
+        thread.join(30)
