@@ -1,0 +1,343 @@
+"""The trio shell of the TFTP server: binds sockets, feeds the sans-IO cores, arms timers.
+
+One listening socket per configured address (port 69 by default) receives
+requests; each admitted read request gets its own ephemeral socket, bound to
+the address the request arrived on (learnt with ``IP_PKTINFO``), and its own
+task running a :class:`~plugins.tftp.transfer.ReadTransfer`. Refusals that
+need no transfer (write requests, unknown modes, over ``max_transfers``) are
+answered from the listening socket, from the address the client asked.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from appliance.logs import get_logger
+
+from .confine import Refused
+from .negotiate import blksize_for_mtu, negotiate
+from .packets import (
+    TRANSFER_MODES,
+    ErrorCode,
+    MalformedPacket,
+    Opcode,
+    Request,
+    encode_error,
+    parse_untrusted,
+)
+from .source import Source, open_path, open_root
+from .stats import Stats
+from .transfer import ReadTransfer, TransferComplete
+
+log = get_logger("tftp")
+
+IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux value; Python < 3.12 lacks the name
+_PKTINFO = struct.Struct("@i4s4s")  # struct in_pktinfo: ifindex, spec_dst, addr
+_ANCILLARY = socket.CMSG_SPACE(_PKTINFO.size)
+REQUEST_BUFFER = 2048  # larger than any request (512): oversized ones are seen and refused
+ACK_BUFFER = 1024  # what a transfer socket reads: ACKs are 4 bytes, ERRORs short
+YIELD_EVERY = 32  # datagrams handled back to back before a transfer yields to the others
+
+Address = tuple[str, int]
+OpenHook = Callable[[str, "Client"], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """Who asked: passed to the ``tftp_open`` hook."""
+
+    address: ipaddress.IPv4Address
+    port: int
+    local: ipaddress.IPv4Address  # the server address the request was sent to
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    root: Path
+    addresses: tuple[ipaddress.IPv4Address, ...] = (ipaddress.IPv4Address("127.0.0.1"),)
+    port: int = 69
+    interfaces: tuple[str, ...] = ()  # empty: any interface
+    max_blksize: int = 65464
+    max_windowsize: int = 64
+    max_transfers: int = 256
+    retries: int = 5
+    timeout: float = 1.0
+    max_timeout: float = 8.0
+
+
+class TftpServer:
+    """Serve read requests until cancelled. ``bound`` lists the listening addresses."""
+
+    def __init__(self, config: ServerConfig, stats: Stats, open_hook: OpenHook | None = None):
+        self.config = config
+        self.stats = stats
+        self._open_hook = open_hook
+        self._clients: set[tuple[Address, str]] = set()  # (client TID, local address)
+        self._ifindexes: set[int] = set()
+        self.bound: list[Address] = []
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._ifindexes = {_ifindex(name) for name in self.config.interfaces}
+        socks = []
+        try:
+            for address in self.config.addresses:
+                socks.append(await _listening_socket(str(address), self.config.port))
+            self.bound = [s.getsockname() for s in socks]
+            async with trio.open_nursery() as nursery:
+                for sock in socks:
+                    nursery.start_soon(self._listen, sock, nursery)
+                task_status.started(self.bound)
+        finally:
+            for sock in socks:
+                sock.close()
+
+    # -- requests ------------------------------------------------------------
+
+    async def _listen(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+        fallback = sock.getsockname()[0]
+        while True:
+            data, ancdata, _flags, peer = await sock.recvmsg(REQUEST_BUFFER, _ANCILLARY)
+            local, ifindex = _destination(ancdata, fallback)
+            if self._ifindexes and ifindex not in self._ifindexes:
+                continue
+            try:
+                request = parse_untrusted(data)
+            except MalformedPacket as exc:
+                self.stats.malformed += 1
+                log.debug("malformed request dropped", client=_fmt(peer), reason=str(exc))
+                continue
+            if not isinstance(request, Request):
+                self.stats.malformed += 1  # a stray DATA/ACK/ERROR on the request port
+                continue
+            key = (peer, local)
+            if key in self._clients:
+                continue  # a retransmitted request: its transfer is already running
+            refusal = self._admit(request, peer)
+            if refusal is None:
+                self._clients.add(key)
+                self.stats.active += 1
+                nursery.start_soon(self._transfer, request, peer, local, ifindex)
+            else:
+                await self._refuse(sock, refusal, peer, local)
+
+    def _admit(self, request: Request, peer: Address) -> Refused | None:
+        name = request.filename
+        if request.opcode is Opcode.WRQ:
+            self.stats.transfers["refused"] += 1
+            return Refused(ErrorCode.ACCESS_VIOLATION, f"{name}: write requests are refused")
+        if request.mode not in TRANSFER_MODES:
+            self.stats.transfers["refused"] += 1
+            return Refused(ErrorCode.ILLEGAL_OPERATION, f"{request.mode}: unsupported mode")
+        if self.stats.active >= self.config.max_transfers:
+            self.stats.transfers["busy"] += 1
+            log.warning("busy: request refused", client=_fmt(peer), file=name)
+            return Refused(ErrorCode.NOT_DEFINED, "server busy, try again later")
+        return None
+
+    async def _refuse(self, sock, refusal: Refused, peer: Address, local: str) -> None:
+        # From the address the client sent to, even on a socket bound to 0.0.0.0.
+        info = _PKTINFO.pack(0, socket.inet_aton(local), bytes(4))
+        packet = encode_error(refusal.code, refusal.message)
+        self.stats.errors_sent[refusal.code] += 1
+        try:
+            await sock.sendmsg([packet], [(socket.IPPROTO_IP, IP_PKTINFO, info)], peer)
+        except OSError as exc:
+            log.debug("could not send ERROR", client=_fmt(peer), error=str(exc))
+
+    # -- transfers -----------------------------------------------------------
+
+    async def _transfer(self, request: Request, peer: Address, local: str, ifindex: int) -> None:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.setblocking(False)
+                sock.bind((local, 0))
+                await self._serve_request(sock, request, peer, local, ifindex)
+        except Exception as exc:  # one transfer's bug or socket error must not stop the server
+            self.stats.transfers["failed"] += 1
+            log.error("transfer crashed", client=_fmt(peer), error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.stats.active -= 1
+            self._clients.discard((peer, local))
+
+    async def _serve_request(self, sock, request: Request, peer: Address, local, ifindex) -> None:
+        client = Client(ipaddress.IPv4Address(peer[0]), peer[1], ipaddress.IPv4Address(local))
+        try:
+            source = await self._open(request.filename, client)
+        except Refused as refused:
+            self.stats.transfers["refused"] += 1
+            log.info("refused", client=_fmt(peer), file=request.filename, reason=refused.message)
+            _send_now(sock, encode_error(refused.code, refused.message), peer)
+            self.stats.errors_sent[refused.code] += 1
+            return
+        try:
+            await self._run(sock, request, peer, source, ifindex)
+        finally:
+            source.close()
+
+    async def _open(self, requested: str, client: Client) -> Source:
+        if self._open_hook is not None:
+            try:
+                found = self._open_hook(requested.lstrip("/"), client)
+            except Refused:
+                raise
+            except Exception as exc:
+                log.error(
+                    "tftp_open hook failed", file=requested, error=f"{type(exc).__name__}: {exc}"
+                )
+                raise Refused(ErrorCode.NOT_DEFINED, f"{requested}: server error") from None
+            if isinstance(found, bytes | bytearray | memoryview):
+                return Source.from_bytes(bytes(found))
+            if isinstance(found, os.PathLike):
+                return await open_path(found, requested)
+            if found is not None:
+                log.error("tftp_open returned neither bytes nor a path", file=requested)
+                raise Refused(ErrorCode.NOT_DEFINED, f"{requested}: server error")
+        return await open_root(self.config.root, requested)
+
+    async def _run(self, sock, request: Request, peer: Address, source: Source, ifindex) -> None:
+        cfg = self.config
+        netascii = request.mode == "netascii"
+        options = negotiate(
+            request.options,
+            file_size=None if netascii else source.size,
+            max_blksize=min(cfg.max_blksize, _mtu_blksize(ifindex)),
+            max_windowsize=cfg.max_windowsize,
+        )
+        clock = trio.current_time
+        started = clock()
+        machine = ReadTransfer(
+            source.read, source.size, options, started, netascii=netascii,
+            retries=cfg.retries, initial_timeout=cfg.timeout, max_timeout=cfg.max_timeout,
+        )  # fmt: skip
+        need = options.blksize * options.windowsize
+        buf = bytearray(ACK_BUFFER)
+        view = memoryview(buf)
+        stats = self.stats
+        streak = 0
+        try:
+            while True:
+                await source.prefetch(need)
+                batch = machine.datagrams_to_send(clock())
+                for datagram in batch:
+                    await _send(sock, datagram, peer)
+                if machine.done:
+                    break
+                try:
+                    n, sender = sock.recvfrom_into(buf)
+                except BlockingIOError:
+                    streak = 0
+                    with trio.move_on_at(machine.get_timer() or math.inf):
+                        await trio.lowlevel.wait_readable(sock)
+                        continue
+                    machine.handle_timer(clock())
+                    continue
+                streak += 1
+                if streak >= YIELD_EVERY:
+                    streak = 0
+                    await trio.lowlevel.checkpoint()
+                if sender != peer:
+                    stats.unknown_tid += 1
+                    stats.errors_sent[ErrorCode.UNKNOWN_TID] += 1
+                    _send_now(
+                        sock, encode_error(ErrorCode.UNKNOWN_TID, "unknown transfer ID"), sender
+                    )
+                    continue
+                machine.receive_datagram(bytes(view[:n]), clock())
+        finally:
+            stats.bytes_sent += machine.bytes_sent
+            stats.retransmits += machine.retransmits
+            stats.malformed += machine.malformed
+        # The final batch holds our ERROR when we ended the transfer with one.
+        sent_error = bool(batch) and batch[-1][:2] == bytes((0, Opcode.ERROR))
+        self._record(machine.next_event(), sent_error, request, peer, clock() - started)
+
+    def _record(self, event, sent_error: bool, request: Request, peer: Address, seconds: float):
+        fields = {"client": _fmt(peer), "file": request.filename, "seconds": round(seconds, 3)}
+        if isinstance(event, TransferComplete):
+            self.stats.transfers["complete"] += 1
+            log.info("sent", bytes=event.bytes_sent, retransmits=event.retransmits, **fields)
+            return
+        assert event is not None
+        if event.remote:
+            outcome = "aborted"
+        elif sent_error:
+            outcome = "failed"
+            self.stats.errors_sent[event.code] += 1
+        else:
+            outcome = "timeout"
+        self.stats.transfers[outcome] += 1
+        log.info(outcome, code=event.code, reason=event.reason, **fields)
+
+
+# -- sockets -------------------------------------------------------------------
+
+
+async def _listening_socket(address: str, port: int) -> trio.socket.SocketType:
+    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        await sock.bind((address, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot bind TFTP to {address}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def _destination(ancdata: list, fallback: str) -> tuple[str, int]:
+    """(local address, interface index) of a received datagram, from IP_PKTINFO."""
+    for level, kind, data in ancdata:
+        if level == socket.IPPROTO_IP and kind == IP_PKTINFO and len(data) >= _PKTINFO.size:
+            ifindex, spec_dst, _addr = _PKTINFO.unpack_from(data)
+            return socket.inet_ntoa(spec_dst), ifindex
+    return fallback, 0
+
+
+def _send_now(sock: socket.socket, datagram: bytes, peer: Address) -> None:
+    """Best effort: a full buffer or an unreachable peer is left to the retransmit timer."""
+    try:
+        sock.sendto(datagram, peer)
+    except OSError as exc:
+        log.debug("send failed", client=_fmt(peer), error=str(exc))
+
+
+async def _send(sock: socket.socket, datagram: bytes, peer: Address) -> None:
+    while True:
+        try:
+            sock.sendto(datagram, peer)
+            return
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+        except OSError as exc:
+            log.debug("send failed", client=_fmt(peer), error=str(exc))
+            return
+
+
+def _ifindex(name: str) -> int:
+    try:
+        return socket.if_nametoindex(name)
+    except OSError:
+        raise OSError(f"no network interface named {name!r}") from None
+
+
+def _mtu_blksize(ifindex: int) -> int:
+    """The largest blksize the receiving interface's MTU carries unfragmented."""
+    try:
+        name = socket.if_indextoname(ifindex)
+        mtu = int(Path(f"/sys/class/net/{name}/mtu").read_text())
+    except (OSError, ValueError):
+        return blksize_for_mtu(1500)
+    return blksize_for_mtu(mtu)
+
+
+def _fmt(peer: Address) -> str:
+    return f"{peer[0]}:{peer[1]}"

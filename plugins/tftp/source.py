@@ -1,0 +1,108 @@
+"""What a transfer reads from: a file streamed in read-ahead chunks, or bytes in memory.
+
+The transfer machine calls ``read(offset, size)`` synchronously, always
+sequentially. Before each send the shell awaits ``prefetch(need)``, which reads
+the next chunk (1 MiB, or more for a large window) in a worker thread
+(``trio.to_thread``) when fewer than ``need`` bytes are buffered: the event
+loop never waits for the disk, and a file is never read whole.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import trio
+
+from .confine import Refused, open_confined
+from .packets import ErrorCode
+
+CHUNK = 1 << 20  # bytes per read-ahead
+
+
+class Source:
+    """Bytes of one file for one transfer. Owned by one task."""
+
+    def __init__(self, size: int, *, fd: int | None = None, data: bytes = b"") -> None:
+        self.size = size
+        self._fd = fd
+        self._buf = memoryview(data)
+        self._buf_at = 0  # file offset of _buf[0]
+        self._pos = 0  # where the next sequential read starts
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Source:
+        return cls(len(data), data=bytes(data))
+
+    def read(self, offset: int, size: int) -> bytes:
+        start = offset - self._buf_at
+        if start >= 0 and start + size <= len(self._buf):
+            chunk = bytes(self._buf[start : start + size])
+        elif self._fd is not None:  # not prefetched (never in the shell's order): read here
+            chunk = os.pread(self._fd, size, offset)
+        else:
+            chunk = bytes(self._buf[max(start, 0) : max(start, 0) + size])
+        self._pos = offset + len(chunk)
+        return chunk
+
+    async def prefetch(self, need: int) -> None:
+        """Buffer at least ``need`` bytes past the read position (or up to the end)."""
+        if self._fd is None:
+            return
+        buffered_to = self._buf_at + len(self._buf)
+        if buffered_to >= min(self._pos + need, self.size):
+            return
+        pos, length = self._pos, max(need, CHUNK)
+        try:
+            data = await trio.to_thread.run_sync(os.pread, self._fd, length, pos)
+        except OSError:
+            return  # read() tries again in place, and the transfer reports the error
+        self._buf, self._buf_at = memoryview(data), pos
+
+    def close(self) -> None:
+        self._buf = memoryview(b"")
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _streamed(fd: int, size: int) -> Source:
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    except OSError:
+        pass
+    return Source(size, fd=fd)
+
+
+def _open_confined(root: Path, requested: str) -> Source:
+    handle, size = open_confined(root, requested)
+    fd = os.dup(handle.fileno())
+    handle.close()
+    return _streamed(fd, size)
+
+
+def _open_trusted(path: os.PathLike[str], requested: str) -> Source:
+    denied = Refused(ErrorCode.ACCESS_VIOLATION, f"{requested}: access violation")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise Refused(ErrorCode.FILE_NOT_FOUND, f"{requested}: file not found") from None
+    except OSError:
+        raise denied from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise denied
+    return _streamed(fd, st.st_size)
+
+
+async def open_root(root: Path, requested: str) -> Source:
+    """The confined file ``requested`` names under ``root`` (:class:`Refused` otherwise)."""
+    return await trio.to_thread.run_sync(_open_confined, root, requested)
+
+
+async def open_path(path: os.PathLike[str], requested: str) -> Source:
+    """A file a plugin returned from ``tftp_open``: trusted, opened as given; errors
+    quote only ``requested``."""
+    return await trio.to_thread.run_sync(_open_trusted, path, requested)
