@@ -1,0 +1,566 @@
+"""The DHCPv4 server as a sans-IO machine (RFC 2131): bytes and ``now`` in, replies out.
+
+:meth:`DhcpServer.handle` takes one datagram with where it arrived and the
+wall-clock time, and returns an :class:`Outcome`: the replies to send, the
+lease records to make durable *before* sending them, or why it was dropped.
+The trio shell (plugins/dhcp/service.py) owns sockets, the journal and time.
+
+Decisions worth knowing:
+
+* Offers are held in memory for ``offer_hold`` seconds, not persisted: a lost
+  offer costs the client one retransmission, never a wrong address.
+* A returning client gets its previous address back while nobody else holds
+  it; new clients get addresses never leased before, then the longest-free ones.
+* REQUEST in INIT-REBOOT, RENEWING or REBINDING for an address the server
+  does not own is NAKed only when the address is in one of its subnets and
+  ``authoritative`` is set; otherwise the server stays silent (RFC 2131 §4.3.2).
+* Relayed messages (``giaddr`` set) choose their subnet by RFC 3527 link
+  selection (option 82 sub-option 5), else RFC 3011 option 118, else ``giaddr``;
+  replies go to the relay's server port and option 82 is echoed unchanged.
+* A standby node answers reservations and INFORM only: dynamic pools belong
+  to the active node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+
+from .boot import BootChoice, BootRequest, choose_boot
+from .codec import (
+    BOOTREPLY,
+    BOOTREQUEST,
+    BROADCAST_FLAG,
+    MalformedPacket,
+    Message,
+    build,
+    parse_untrusted,
+)
+from .leases import Lease, LeaseState, LeaseTable
+from .model import Reservation, ServerConfig, Subnet
+from .options import (
+    EncodeError,
+    MessageType,
+    Opt,
+    encode_ip,
+    encode_ips,
+    encode_routes,
+    encode_str,
+    encode_u16,
+    encode_u32,
+)
+
+BROADCAST = "255.255.255.255"
+MAX_HOSTNAME = 63
+PROBE_VALID = 60.0  # seconds a clean probe of an address is trusted
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """Where a datagram came in (from ``IP_PKTINFO`` and ``recvmsg``)."""
+
+    interface: str
+    local: int  # our address on that interface (the reply source, the server identifier)
+    source: tuple[str, int]
+    loopback: bool = False  # development: replies go back to the sender
+
+
+@dataclass(slots=True)
+class Reply:
+    payload: bytes
+    address: str  # IP destination
+    port: int
+    interface: str
+    hwaddr: bytes | None = None  # deliver at L2 to this MAC: the client has no address yet
+    kind: MessageType = MessageType.ACK
+
+
+@dataclass(slots=True)
+class Outcome:
+    received: MessageType | None = None
+    replies: list[Reply] = field(default_factory=list)
+    commits: list[Lease] = field(default_factory=list)  # durable before the replies go out
+    dropped: str | None = None  # why nothing was sent, for the drop counters
+    probe: int | None = None  # probe this address, then call probe_result and handle again
+
+
+class Policy:
+    """Extension points, wired to the plugin hooks by the shell. Defaults change nothing."""
+
+    def host(self, mac: str, client_id: bytes | None) -> Reservation | None:
+        return None
+
+    def boot(self, request: BootRequest, default: BootChoice | None) -> BootChoice | None:
+        return default
+
+    def reply_options(self, request: Message, reply: Message, lease: Lease | None) -> None:
+        pass
+
+
+class DhcpServer:
+    def __init__(
+        self, config: ServerConfig, leases: LeaseTable | None = None, policy: Policy | None = None
+    ) -> None:
+        self.config = config
+        self.leases = leases if leases is not None else LeaseTable()
+        self.policy = policy or Policy()
+        self.active = True  # False on a standby node: no dynamic answers
+        self._offers: dict[int, tuple[bytes, float]] = {}  # address -> (client, held until)
+        self._offer_of: dict[bytes, int] = {}  # client -> offered address
+        self._probed: dict[int, float] = {}  # address -> probed free, trusted until
+        self._by_mac = {r.mac: r for r in config.reservations if r.mac}
+        self._by_client_id = {r.client_id: r for r in config.reservations if r.client_id}
+        self._reserved = {r.address for r in config.reservations}
+        self._cursor = {s.key: _PoolCursor(s) for s in config.subnets}
+        self._static = {s.key: _subnet_options(s, config) for s in config.subnets}
+        self._subnet_cache: dict[tuple[str, int], Subnet | None] = {}
+
+    # -- the entry point ----------------------------------------------------
+
+    def handle(self, data: bytes, arrival: Arrival, now: float) -> Outcome:
+        try:
+            msg = parse_untrusted(data)
+        except MalformedPacket as exc:
+            return Outcome(dropped=f"malformed:{exc.reason}")
+        kind = msg.message_type
+        if msg.op != BOOTREQUEST:
+            return Outcome(kind, dropped="not-a-request")
+        if kind is None:
+            return Outcome(dropped="bootp")
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            return Outcome(kind, dropped="unhandled-type")
+        subnet = self._subnet_for(msg, arrival)
+        if subnet is None:
+            return Outcome(kind, dropped="no-subnet")
+        outcome = handler(self, msg, arrival, subnet, now)
+        outcome.received = kind
+        return outcome
+
+    def probe_result(self, address: int, in_use: bool, now: float) -> Lease | None:
+        """After ``Outcome.probe``: a clean probe is trusted a while; an answered one
+        quarantines the address (the returned record is to be made durable)."""
+        if not in_use:
+            self._probed[address] = now + PROBE_VALID
+            return None
+        subnet = next((s for s in self.config.subnets if s.contains(address)), None)
+        quarantine = Lease(
+            address, b"", b"", subnet.key if subnet else "", LeaseState.DECLINED,
+            now, now + self.config.decline_quarantine, "conflict",
+        )  # fmt: skip
+        self.leases.apply(quarantine)
+        return quarantine
+
+    def sweep(self, now: float) -> list[Lease]:
+        """Expire leases and forget stale offers and probes; returns the expired leases."""
+        for address, (client, until) in list(self._offers.items()):
+            if until <= now:
+                self._drop_offer(address, client)
+        for address, until in list(self._probed.items()):
+            if until <= now:
+                del self._probed[address]
+        return self.leases.expire(now)
+
+    def pool_usage(self, now: float) -> dict[str, tuple[int, int]]:
+        """Per subnet: (addresses in use, pool size). O(leases); for metrics scrapes."""
+        used: dict[str, int] = {s.key: 0 for s in self.config.subnets}
+        for lease in self.leases:
+            if lease.subnet in used and lease.active(now):
+                used[lease.subnet] += 1
+        return {s.key: (used[s.key], s.pool_size) for s in self.config.subnets}
+
+    # -- message handlers -------------------------------------------------------
+
+    def _discover(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
+        client = _client_key(msg)
+        reservation = self._reservation(msg, client, subnet)
+        if reservation is not None:
+            address = reservation.address
+            if not self.leases.is_free_for(address, client, now):
+                return Outcome(dropped="reserved-address-taken")
+        elif not self.active:
+            return Outcome(dropped="standby")
+        else:
+            address = self._allocate(msg, client, subnet, now)
+            if address is None:
+                return Outcome(dropped="pool-exhausted")
+        self._offers[address] = (client, now + self.config.offer_hold)
+        self._offer_of[client] = address
+        if reservation is None and self.config.probe and self._needs_probe(address, client, now):
+            return Outcome(probe=address)  # held for this client while the shell probes
+        reply = self._reply(msg, arrival, subnet, MessageType.OFFER, address, reservation, now)
+        return Outcome(replies=[reply])
+
+    def _request(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
+        client = _client_key(msg)
+        server_id = msg.server_id
+        requested = msg.requested_ip
+        ciaddr = int(msg.ciaddr)
+        if server_id is not None:  # SELECTING: the client answers someone's offer
+            if int(server_id) != self._server_id(arrival):
+                self._forget_offer_of(client)
+                return Outcome(dropped="chose-another-server")
+            if requested is None:
+                return Outcome(dropped="selecting-without-address")
+            address = int(requested)
+        elif requested is not None and ciaddr == 0:  # INIT-REBOOT
+            address = int(requested)
+        elif ciaddr:  # RENEWING (unicast) or REBINDING (broadcast)
+            address = ciaddr
+        else:
+            return Outcome(dropped="request-without-address")
+
+        reservation = self._reservation(msg, client, subnet)
+        if reservation is None and not self.active:
+            return Outcome(dropped="standby")
+        if not subnet.contains(address):
+            return self._refuse(msg, arrival, "wrong-network", always=True)
+        if reservation is not None and reservation.address != address:
+            return self._refuse(msg, arrival, "not-the-reserved-address", always=True)
+        if not self.leases.is_free_for(address, client, now) or self._offered_to_other(
+            address, client, now
+        ):
+            return self._refuse(msg, arrival, "address-taken", always=True)
+        if reservation is None:
+            lease = self.leases.get(address)
+            ours = lease is not None and lease.client == client
+            if not (ours or subnet.in_pool(address)) or address in self._reserved:
+                return self._refuse(msg, arrival, "not-ours", always=False)
+        lease_time = subnet.lease_time or self.config.lease_time
+        lease = Lease(
+            address, client, msg.chaddr[: msg.hlen], subnet.key, LeaseState.BOUND,
+            now, now + lease_time, _hostname(msg, reservation),
+        )  # fmt: skip
+        self.leases.apply(lease)
+        self._forget_offer_of(client)
+        reply = self._reply(msg, arrival, subnet, MessageType.ACK, address, reservation, now, lease)
+        return Outcome(replies=[reply], commits=[lease])
+
+    def _decline(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
+        client = _client_key(msg)
+        requested = msg.requested_ip
+        if requested is None or (msg.server_id and int(msg.server_id) != self._server_id(arrival)):
+            return Outcome(dropped="not-for-us")
+        lease = self.leases.get(int(requested))
+        if lease is None or lease.client != client:
+            return Outcome(dropped="decline-of-unknown-lease")
+        quarantine = Lease(
+            lease.address, client, lease.hwaddr, lease.subnet, LeaseState.DECLINED,
+            now, now + self.config.decline_quarantine, lease.hostname,
+        )  # fmt: skip
+        self.leases.apply(quarantine)
+        return Outcome(commits=[quarantine])
+
+    def _release(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
+        client = _client_key(msg)
+        lease = self.leases.get(int(msg.ciaddr))
+        if lease is None or lease.client != client or lease.state is not LeaseState.BOUND:
+            return Outcome(dropped="release-of-unknown-lease")
+        released = Lease(
+            lease.address, client, lease.hwaddr, lease.subnet, LeaseState.RELEASED,
+            lease.starts, now, lease.hostname,
+        )  # fmt: skip
+        self.leases.apply(released)
+        return Outcome(commits=[released])
+
+    def _inform(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
+        if not int(msg.ciaddr):
+            return Outcome(dropped="inform-without-ciaddr")
+        reservation = self._reservation(msg, _client_key(msg), subnet)
+        return Outcome(
+            replies=[self._reply(msg, arrival, subnet, MessageType.ACK, 0, reservation, now)]
+        )
+
+    # -- choosing -------------------------------------------------------------
+
+    def _subnet_for(self, msg: Message, arrival: Arrival) -> Subnet | None:
+        if int(msg.giaddr):
+            link = _link_selection(msg.relay_agent_info) or msg.subnet_selection or msg.giaddr
+            return self._subnet_containing(int(link), "")
+        key = (arrival.interface, arrival.local)
+        if key not in self._subnet_cache:
+            self._subnet_cache[key] = self._subnet_containing(arrival.local, arrival.interface)
+        return self._subnet_cache[key]
+
+    def _subnet_containing(self, address: int, interface: str) -> Subnet | None:
+        for subnet in self.config.subnets:
+            if subnet.interface and interface and subnet.interface != interface:
+                continue
+            if subnet.contains(address):
+                return subnet
+        return None
+
+    def _reservation(self, msg: Message, client: bytes, subnet: Subnet) -> Reservation | None:
+        reservation = None
+        client_id = msg.client_id
+        if client_id is not None:
+            reservation = self._by_client_id.get(client_id)
+        if reservation is None and msg.htype == 1 and msg.hlen == 6:
+            reservation = self._by_mac.get(msg.chaddr[:6])
+        if reservation is None:
+            reservation = self.policy.host(msg.mac or "", client_id)
+        if reservation is not None and not subnet.contains(reservation.address):
+            return None  # reserved on another link: serve it dynamically here
+        return reservation
+
+    def _allocate(self, msg: Message, client: bytes, subnet: Subnet, now: float) -> int | None:
+        def usable(address: int) -> bool:
+            return (
+                subnet.in_pool(address)
+                and address not in self._reserved
+                and self.leases.is_free_for(address, client, now)
+                and not self._offered_to_other(address, client, now)
+            )
+
+        offered = self._offer_of.get(client)
+        if offered is not None and usable(offered):
+            return offered
+        previous = self.leases.of_client(client)
+        if previous is not None and previous.subnet == subnet.key and usable(previous.address):
+            return previous.address
+        requested = msg.requested_ip
+        if requested is not None and usable(int(requested)):
+            return int(requested)
+        return self._cursor[subnet.key].next_free(
+            lambda a: self.leases.get(a) is None and usable(a), usable
+        )
+
+    def _needs_probe(self, address: int, client: bytes, now: float) -> bool:
+        lease = self.leases.get(address)
+        if lease is not None and lease.client == client:
+            return False
+        return self._probed.get(address, 0.0) <= now
+
+    def _offered_to_other(self, address: int, client: bytes, now: float) -> bool:
+        held = self._offers.get(address)
+        return held is not None and held[0] != client and held[1] > now
+
+    def _forget_offer_of(self, client: bytes) -> None:
+        address = self._offer_of.get(client)
+        if address is not None:
+            self._drop_offer(address, client)
+
+    def _drop_offer(self, address: int, client: bytes) -> None:
+        if self._offers.get(address, (None,))[0] == client:
+            del self._offers[address]
+        if self._offer_of.get(client) == address:
+            del self._offer_of[client]
+
+    def _server_id(self, arrival: Arrival) -> int:
+        configured = self.config.server_address
+        return int(configured) if configured is not None else arrival.local
+
+    # -- replying ---------------------------------------------------------------
+
+    def _refuse(self, msg: Message, arrival: Arrival, reason: str, *, always: bool) -> Outcome:
+        """NAK a REQUEST we cannot grant: always in SELECTING (the client chose
+        us) or when it is on the wrong network; otherwise only if authoritative."""
+        if always or msg.server_id is not None or self.config.authoritative:
+            return Outcome(replies=[self._nak(msg, arrival, reason)])
+        return Outcome(dropped=reason)
+
+    def _nak(self, msg: Message, arrival: Arrival, reason: str) -> Reply:
+        options = {
+            Opt.MESSAGE_TYPE: bytes([MessageType.NAK]),
+            Opt.SERVER_ID: encode_u32(self._server_id(arrival)),
+            Opt.MESSAGE: encode_str(reason),
+        }
+        if msg.relay_agent_info is not None:
+            options[Opt.RELAY_AGENT_INFO] = msg.relay_agent_info
+        flags = msg.flags | BROADCAST_FLAG if int(msg.giaddr) else msg.flags
+        reply = Message(
+            BOOTREPLY, msg.htype, msg.hlen, 0, msg.xid, 0, flags,
+            giaddr=msg.giaddr, chaddr=msg.chaddr, options=options,
+        )  # fmt: skip
+        payload = build(reply, max_size=msg.max_message_size or 576)
+        address, port, hwaddr = self._destination(msg, arrival, 0, nak=True)
+        return Reply(payload, address, port, arrival.interface, hwaddr, MessageType.NAK)
+
+    def _reply(
+        self,
+        msg: Message,
+        arrival: Arrival,
+        subnet: Subnet,
+        kind: MessageType,
+        address: int,
+        reservation: Reservation | None,
+        now: float,
+        lease: Lease | None = None,
+    ) -> Reply:
+        config = self.config
+        options: dict[int, bytes] = {
+            Opt.MESSAGE_TYPE: bytes([kind]),
+            Opt.SERVER_ID: encode_u32(self._server_id(arrival)),
+        }
+        if address:  # an OFFER or the ACK of a lease (not an INFORM)
+            lease_time = subnet.lease_time or config.lease_time
+            options[Opt.LEASE_TIME] = encode_u32(lease_time)
+            options[Opt.RENEWAL_TIME] = encode_u32(lease_time // 2)
+            options[Opt.REBINDING_TIME] = encode_u32(lease_time * 7 // 8)
+        options.update(self._static[subnet.key])
+        if reservation is not None and reservation.hostname:
+            options[Opt.HOSTNAME] = encode_str(reservation.hostname)
+        boot_server = (
+            subnet.boot_server or config.boot_server or IPv4Address(self._server_id(arrival))
+        )
+        boot = self._boot(msg, subnet, boot_server, reservation)
+        reply = Message(
+            BOOTREPLY, msg.htype, msg.hlen, 0, msg.xid, 0, msg.flags,
+            msg.ciaddr if kind is MessageType.ACK else IPv4Address(0),
+            IPv4Address(address), IPv4Address(0), msg.giaddr, msg.chaddr, options=options,
+        )  # fmt: skip
+        if boot is not None:
+            reply.siaddr = boot.server
+            options[Opt.TFTP_SERVER_NAME] = encode_str(str(boot.server))
+            options[Opt.BOOTFILE_NAME] = encode_str(boot.file)
+            if boot.vendor_class:
+                options[Opt.VENDOR_CLASS] = boot.vendor_class
+            encoded = boot.file.encode()
+            if len(encoded) < 128:
+                reply.file = encoded
+        if msg.relay_agent_info is not None:
+            options[Opt.RELAY_AGENT_INFO] = msg.relay_agent_info
+        self.policy.reply_options(msg, reply, lease)
+        try:
+            payload = build(reply, max_size=msg.max_message_size or 576)
+        except EncodeError:  # a hook's options did not fit the client's size: fall back
+            reply.options = {k: v for k, v in options.items() if k < 224}
+            payload = build(reply, max_size=1500)
+        destination, port, hwaddr = self._destination(msg, arrival, address, nak=False)
+        return Reply(payload, destination, port, arrival.interface, hwaddr, kind)
+
+    def _boot(
+        self,
+        msg: Message,
+        subnet: Subnet,
+        server: IPv4Address,
+        reservation: Reservation | None,
+    ) -> BootChoice | None:
+        vendor = msg.vendor_class or b""
+        request = _boot_request(msg, subnet)
+        if (
+            not vendor.startswith((b"PXEClient", b"HTTPClient"))
+            and Opt.USER_CLASS not in msg.options
+        ):
+            return self.policy.boot(request, None)  # an OS client: no boot answer by default
+        files = subnet.boot or self.config.boot
+        default = choose_boot(request, files, server, reservation.boot_file if reservation else "")
+        return self.policy.boot(request, default)
+
+    def _destination(
+        self, msg: Message, arrival: Arrival, yiaddr: int, *, nak: bool
+    ) -> tuple[str, int, bytes | None]:
+        """RFC 2131 §4.1, in its order."""
+        if int(msg.giaddr):
+            return str(msg.giaddr), self.config.server_port, None
+        if arrival.loopback:
+            return arrival.source[0], arrival.source[1], None
+        if nak:
+            return BROADCAST, self.config.client_port, None
+        if int(msg.ciaddr):
+            return str(msg.ciaddr), self.config.client_port, None
+        if msg.broadcast or not yiaddr or msg.htype != 1 or msg.hlen != 6:
+            return BROADCAST, self.config.client_port, None
+        return str(IPv4Address(yiaddr)), self.config.client_port, msg.chaddr[:6]
+
+
+_HANDLERS: dict[MessageType, Callable[..., Outcome]] = {
+    MessageType.DISCOVER: DhcpServer._discover,
+    MessageType.REQUEST: DhcpServer._request,
+    MessageType.DECLINE: DhcpServer._decline,
+    MessageType.RELEASE: DhcpServer._release,
+    MessageType.INFORM: DhcpServer._inform,
+}
+
+
+class _PoolCursor:
+    """Hands out a subnet's pool addresses round-robin: O(1) amortized per allocation."""
+
+    def __init__(self, subnet: Subnet) -> None:
+        self.addresses = [(low, high) for low, high in subnet.pools]
+        self.size = subnet.pool_size
+        self.position = 0  # index into the pool, across ranges
+        self.fresh = True  # never-leased addresses remain past position
+
+    def _at(self, index: int) -> int:
+        for low, high in self.addresses:
+            span = high - low + 1
+            if index < span:
+                return low + index
+            index -= span
+        raise IndexError(index)
+
+    def next_free(self, never_leased: Callable[[int], bool], usable: Callable[[int], bool]):
+        """A never-leased address while there are some, then any usable one."""
+        if not self.size:
+            return None
+        for test in (never_leased, usable) if self.fresh else (usable,):
+            for step in range(self.size):
+                address = self._at((self.position + step) % self.size)
+                if test(address):
+                    self.position = (self.position + step + 1) % self.size
+                    return address
+            self.fresh = False
+        return None
+
+
+def _client_key(msg: Message) -> bytes:
+    """Option 61 when sent, else hardware type + address (RFC 2131 §4.2)."""
+    client_id = msg.options.get(Opt.CLIENT_ID)
+    return client_id if client_id is not None else bytes([msg.htype]) + msg.chaddr[: msg.hlen]
+
+
+def _hostname(msg: Message, reservation: Reservation | None) -> str:
+    if reservation is not None and reservation.hostname:
+        return reservation.hostname
+    name = msg.hostname or ""
+    return "".join(c for c in name if c.isalnum() or c in "-_.")[:MAX_HOSTNAME]
+
+
+def _boot_request(msg: Message, subnet: Subnet) -> BootRequest:
+    return BootRequest(
+        msg.mac or "",
+        tuple(msg.client_arches),
+        msg.vendor_class or b"",
+        tuple(msg.user_classes),
+        subnet.key,
+    )
+
+
+def _link_selection(relay_info: bytes | None) -> IPv4Address | None:
+    """RFC 3527 sub-option 5 of option 82, read with every bound checked."""
+    if not relay_info:
+        return None
+    i, end = 0, len(relay_info)
+    while i + 2 <= end:
+        code, length = relay_info[i], relay_info[i + 1]
+        value = relay_info[i + 2 : i + 2 + length]
+        if len(value) != length:
+            return None
+        if code == 5 and length == 4:
+            return IPv4Address(value)
+        i += 2 + length
+    return None
+
+
+def _subnet_options(subnet: Subnet, config: ServerConfig) -> dict[int, bytes]:
+    """The options every reply on ``subnet`` carries, encoded once."""
+    net = subnet.network
+    options: dict[int, bytes] = {
+        Opt.SUBNET_MASK: encode_ip(net.netmask),
+        Opt.BROADCAST_ADDRESS: encode_ip(net.broadcast_address),
+    }
+    if subnet.router is not None:
+        options[Opt.ROUTER] = encode_ip(subnet.router)
+    if subnet.dns:
+        options[Opt.DNS_SERVERS] = encode_ips(subnet.dns)
+    if subnet.domain:
+        options[Opt.DOMAIN_NAME] = encode_str(subnet.domain)
+    if subnet.mtu is not None:
+        options[Opt.INTERFACE_MTU] = encode_u16(subnet.mtu)
+    if subnet.ntp:
+        options[Opt.NTP_SERVERS] = encode_ips(subnet.ntp)
+    if subnet.routes:
+        options[Opt.CLASSLESS_STATIC_ROUTES] = encode_routes(subnet.routes)
+    return options
