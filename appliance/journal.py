@@ -162,14 +162,26 @@ class GroupCommitter:
         self._pending_count = 0
         self._callbacks: list[Callable[[], object]] = []
         self._wakeup = trio.Event()
+        self._snapshot: Callable[[], Iterable[bytes]] | None = None
         self.batches = 0
         self.failures = 0
+        self.rewrites = 0
 
     def submit(self, payload: bytes, on_durable: Callable[[], object] | None = None) -> None:
         self._pending += frame(payload)
         self._pending_count += 1
         if on_durable is not None:
             self._callbacks.append(on_durable)
+        self._wakeup.set()
+
+    def request_rewrite(self, snapshot: Callable[[], Iterable[bytes]]) -> None:
+        """Compact the journal to ``snapshot()`` before the next batch is written.
+
+        ``snapshot`` runs in the trio thread when the rewrite starts, so it sees
+        every change submitted so far; those still pending are appended after
+        it (replaying a record twice changes nothing).
+        """
+        self._snapshot = snapshot
         self._wakeup.set()
 
     @property
@@ -185,6 +197,13 @@ class GroupCommitter:
 
     async def flush(self) -> None:
         """Write what is pending now and run its callbacks."""
+        if self._snapshot is not None:
+            payloads, self._snapshot = list(self._snapshot()), None
+            try:
+                await trio.to_thread.run_sync(self.journal.rewrite, payloads)
+                self.rewrites += 1
+            except OSError as exc:  # the old file is intact: keep appending to it
+                log.error("journal compaction failed", path=str(self.journal.path), error=str(exc))
         while self._pending_count:
             data, count, callbacks = bytes(self._pending), self._pending_count, self._callbacks
             self._pending, self._pending_count, self._callbacks = bytearray(), 0, []

@@ -293,7 +293,7 @@ def validate_table(
             raise ConfigError(
                 source, path, spec.kind.expected + " (this key is required)", has_found=False
             )
-        if isinstance(spec.kind, Table) and isinstance(default, dict):
+        if isinstance(spec.kind, Table | TableList) and isinstance(default, dict | list):
             default = spec.kind.check(default, source, path, dev)
         values[name] = default
     return Settings(values, prefix)

@@ -66,3 +66,22 @@ async def test_a_failed_write_acknowledges_nothing_and_later_writes_work(tmp_pat
     assert durable == [b"kept"]
     journal.close()
     assert JournalFile(tmp_path / "j").open() == [b"kept"]
+
+
+async def test_rewrite_compacts_to_the_snapshot_and_keeps_later_records(tmp_path, autojump_clock):
+    journal = JournalFile(tmp_path / "j")
+    journal.open()
+    committer = GroupCommitter(journal)
+    state = {"a": b"a1"}
+    for payload in (b"a0", b"b0", b"a1"):
+        committer.submit(payload)
+    await committer.flush()
+    assert journal.records == 3
+    committer.request_rewrite(lambda: sorted(state.values()))
+    committer.submit(b"c0")  # pending while the rewrite runs: appended after it
+    await committer.flush()
+    journal.close()
+    assert (committer.rewrites, committer.batches) == (1, 2)
+    reopened = JournalFile(tmp_path / "j")
+    assert reopened.open() == [b"a1", b"c0"]
+    assert not (tmp_path / "j.compact").exists()

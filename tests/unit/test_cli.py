@@ -50,7 +50,7 @@ def test_example_passes_check_from_stdin(capsys, monkeypatch):
             "[node]\nnmae = 'x'\n",
             "node.nmae: expected a known key (known here: control_socket, data_dir, name, rack, shutdown_grace)",
         ),
-        ("[nodes]\n", "nodes: expected a known section (known: node, plugins"),
+        ("[nodes]\n", "nodes: expected a known section (known: dhcp, node, plugins, tftp)"),
         (
             "[node]\ndata_dir = 'relative/dir'\n",
             "node.data_dir: expected an absolute directory path, found str 'relative/dir'",

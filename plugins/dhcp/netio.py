@@ -1,0 +1,116 @@
+"""Linux socket plumbing for DHCP: per-interface sockets, arrival addresses,
+L2 delivery to clients without an address, and the ICMP conflict probe."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+import struct
+
+import trio
+
+SIOCSARP = 0x8955
+ATF_COM = 0x02
+ARPHRD_ETHER = 1
+_PKTINFO = struct.Struct("=I4s4s")  # struct in_pktinfo: ifindex, spec_dst, addr
+CMSG_SPACE = socket.CMSG_SPACE(_PKTINFO.size)
+SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
+IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux; the constant arrived in Python 3.12
+
+
+def open_server_socket(interface: str, port: int) -> socket.socket:
+    """A non-blocking UDP socket on ``0.0.0.0:port`` that sees only ``interface``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, interface.encode())
+            address = "0.0.0.0"
+        except PermissionError:
+            if interface != "lo":
+                raise
+            address = "127.0.0.1"  # an unprivileged development node: loopback only
+        sock.bind((address, port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def arrival_address(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
+    """(ifindex, our address on it) from ``IP_PKTINFO``, or None if absent."""
+    for level, kind, data in ancdata:
+        if level == socket.IPPROTO_IP and kind == IP_PKTINFO and len(data) >= _PKTINFO.size:
+            ifindex, spec_dst, _ = _PKTINFO.unpack_from(data)
+            return ifindex, int.from_bytes(spec_dst, "big")
+    return None
+
+
+def interface_address(interface: str) -> int:
+    """The interface's primary IPv4 address (0 if it has none), via SIOCGIFADDR."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            result = fcntl.ioctl(
+                sock.fileno(), 0x8915, struct.pack("256s", interface.encode()[:15])
+            )
+        except OSError:
+            return 0
+    return int.from_bytes(result[20:24], "big")
+
+
+def set_arp_entry(sock: socket.socket, interface: str, address: str, hwaddr: bytes) -> bool:
+    """Tell the kernel ``address`` is at ``hwaddr`` so a unicast reaches a client
+    that has no address yet (what ISC dhcpd and dnsmasq do). False without CAP_NET_ADMIN."""
+    protocol = struct.pack("=H2s4s8s", socket.AF_INET, b"\0\0", socket.inet_aton(address), b"")
+    hardware = struct.pack("=H14s", ARPHRD_ETHER, hwaddr)
+    netmask = bytes(16)
+    request = (
+        protocol
+        + hardware
+        + struct.pack("=i", ATF_COM)
+        + netmask
+        + interface.encode()[:15].ljust(16, b"\0")
+    )
+    try:
+        fcntl.ioctl(sock.fileno(), SIOCSARP, request)
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENODEV):
+            return False
+        raise
+    return True
+
+
+async def icmp_in_use(address: str, timeout: float) -> bool:
+    """Does anything answer an ICMP echo to ``address`` within ``timeout``?"""
+    try:
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+        raw = False
+    except OSError:
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+        raw = True
+    ident = os.getpid() & 0xFFFF
+    with sock:
+        echo = _icmp_echo(ident, 1)
+        await sock.sendto(echo, (address, 0))
+        with trio.move_on_after(timeout):
+            while True:
+                data, (source, _) = await sock.recvfrom(1500)
+                if raw:
+                    data = data[(data[0] & 0x0F) * 4 :]
+                if source == address and data[:1] == b"\x00":  # echo reply
+                    return True
+    return False
+
+
+def _icmp_echo(ident: int, sequence: int) -> bytes:
+    header = struct.pack("!BBHHH", 8, 0, 0, ident, sequence) + b"rackboot-probe"
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    total = (total >> 16) + (total & 0xFFFF)
+    checksum = ~(total + (total >> 16)) & 0xFFFF
+    return header[:2] + struct.pack("!H", checksum) + header[4:]

@@ -1,0 +1,195 @@
+"""The ``dhcp`` plugin: its configuration, hooks, service, status, control and CLI commands."""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address
+from typing import TYPE_CHECKING, Any
+
+from appliance.api import CliCommand, Role, Service, hookimpl
+from appliance.config import Config
+from appliance.logs import get_logger
+
+from . import hookspecs
+from .boot import BootChoice, BootRequest
+from .codec import Message
+from .leases import Lease, LeaseState
+from .metrics import DhcpMetrics
+from .model import Reservation, ServerConfig
+from .schema import SECTION, server_config
+from .server import DhcpServer, Policy
+from .service import DhcpService
+from .store import LeaseStore
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from appliance.node import Node
+
+log = get_logger("dhcp")
+
+
+class DhcpPlugin:
+    def __init__(self) -> None:
+        self.pm: pluggy.PluginManager | None = None
+        self.settings: Any = None
+        self.server_config: ServerConfig | None = None
+        self.service: DhcpService | None = None
+
+    @hookimpl
+    def rackboot_addhooks(self, pluginmanager: pluggy.PluginManager) -> None:
+        pluginmanager.add_hookspecs(hookspecs)
+        self.pm = pluginmanager
+
+    @hookimpl
+    def rackboot_config_schema(self):
+        return SECTION
+
+    @hookimpl
+    def rackboot_configure(self, config: Config) -> None:
+        self.settings = config["dhcp"]
+        self.server_config = server_config(self.settings, config.source)
+
+    @hookimpl
+    def rackboot_services(self, node: Node) -> list[Service]:
+        settings = self.settings
+        if not settings.enabled or not settings.interfaces:
+            log.info(
+                "dhcp not serving",
+                reason="disabled" if not settings.enabled else "no interfaces configured",
+            )
+            return []
+        server = DhcpServer(self.server_config, policy=_HookPolicy(self.pm))
+        store = LeaseStore(node.plugin_dir("dhcp") / "leases.journal")
+        server.leases = store.table
+        self.service = DhcpService(
+            server,
+            store,
+            tuple(settings.interfaces),
+            DhcpMetrics(node.metrics, server),
+            events=self._lease_event,
+            probe_timeout=settings.probe_timeout,
+        )
+        return [Service("server", self.service.run)]
+
+    @hookimpl
+    def rackboot_role_changed(self, node: Node, old: Role, new: Role) -> None:
+        if self.service is not None:
+            self.service.server.active = new is Role.ACTIVE
+
+    @hookimpl
+    def rackboot_status(self, node: Node) -> dict[str, Any]:
+        if self.service is None:
+            return {"serving": False}
+        server = self.service.server
+        pools = server.pool_usage(self.service.clock())
+        return {
+            "serving": True,
+            "answering_pools": server.active,
+            "interfaces": list(self.service.interfaces),
+            "port": server.config.server_port,
+            "pools": {key: {"active": used, "size": size} for key, (used, size) in pools.items()},
+            "messages": dict(self.service.metrics.totals),
+            "journal": {
+                "records": self.service.store.journal.records,
+                "batches": self.service.store.committer.batches,
+                "failures": self.service.store.committer.failures,
+            },
+        }
+
+    @hookimpl
+    def rackboot_control_commands(self, node: Node):
+        return {"dhcp.leases": self._leases}
+
+    @hookimpl
+    def rackboot_cli_commands(self):
+        return [
+            CliCommand(
+                ("leases", "list"),
+                "list DHCP leases of the running node",
+                "dhcp.leases",
+                render=render_leases,
+                arguments=((("--all",), {"action": "store_true", "help": "include ended leases"}),),
+            )
+        ]
+
+    def _leases(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.service is None:
+            return []
+        now = self.service.clock()
+        return [
+            lease_json(lease, now)
+            for lease in sorted(self.service.server.leases, key=lambda lease: lease.address)
+            if args.get("all") or lease.active(now)
+        ]
+
+    def _lease_event(self, lease: Lease) -> None:
+        if lease.state is LeaseState.BOUND:
+            self.pm.hook.dhcp_lease_committed(lease=lease)
+        else:
+            self.pm.hook.dhcp_lease_released(lease=lease)
+
+
+class _HookPolicy(Policy):
+    """The server's extension points, answered by the plugins' hooks."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self.hook = pm.hook
+
+    def host(self, mac: str, client_id: bytes | None) -> Reservation | None:
+        return _guarded(self.hook.dhcp_host_lookup, None, mac=mac, client_id=client_id)
+
+    def boot(self, request: BootRequest, default: BootChoice | None) -> BootChoice | None:
+        chosen = _guarded(self.hook.dhcp_boot_selection, None, request=request, default=default)
+        return default if chosen is None else chosen
+
+    def reply_options(self, request: Message, reply: Message, lease: Lease | None) -> None:
+        _guarded(self.hook.dhcp_reply_options, None, request=request, reply=reply, lease=lease)
+
+
+def _guarded(caller, fallback, **kwargs):
+    if not caller.get_hookimpls():  # the common case: nothing to call, no overhead
+        return fallback
+    try:
+        return caller(**kwargs)
+    except Exception as exc:
+        log.error("dhcp hook failed", hook=caller.name, error=f"{type(exc).__name__}: {exc}")
+        return fallback
+
+
+def lease_json(lease: Lease, now: float) -> dict[str, Any]:
+    return {
+        "address": str(IPv4Address(lease.address)),
+        "mac": lease.hwaddr.hex(":"),
+        "client": lease.client.hex(),
+        "subnet": lease.subnet,
+        "state": lease.state.name.lower(),
+        "hostname": lease.hostname,
+        "starts": lease.starts,
+        "expires": lease.expires,
+        "remaining": max(0, round(lease.expires - now)),
+    }
+
+
+def render_leases(leases: list[dict[str, Any]]) -> str:
+    if not leases:
+        return "no leases"
+    rows = [("ADDRESS", "MAC", "STATE", "REMAINING", "HOSTNAME", "SUBNET")]
+    rows += [
+        (
+            x["address"],
+            x["mac"],
+            x["state"],
+            f"{x['remaining']}s",
+            x["hostname"] or "-",
+            x["subnet"],
+        )
+        for x in leases
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+plugin = DhcpPlugin()

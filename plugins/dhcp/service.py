@@ -1,0 +1,168 @@
+"""The trio shell of the DHCP server: sockets in, the sans-IO server, the journal, sockets out.
+
+Per datagram: read it with its arrival address (``IP_PKTINFO``), hand it to
+:class:`~plugins.dhcp.server.DhcpServer`, then either send the replies at once
+or, when the outcome changes leases, only after the lease store says the
+records are durable (an ACK is never sent for a lease a crash could lose).
+Bursts are drained without yielding per packet; the group commit batches
+their fsyncs.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import trio
+
+from appliance.logs import get_logger
+
+from .leases import Lease
+from .metrics import DhcpMetrics
+from .netio import (
+    CMSG_SPACE,
+    arrival_address,
+    icmp_in_use,
+    interface_address,
+    open_server_socket,
+    set_arp_entry,
+)
+from .server import Arrival, DhcpServer, Outcome, Reply
+from .store import LeaseStore
+
+log = get_logger("dhcp")
+
+MAX_DATAGRAM = 65_535
+DRAIN_BATCH = 64  # datagrams handled before giving the journal and timers a turn
+SWEEP_INTERVAL = 30.0
+
+
+class DhcpService:
+    def __init__(
+        self,
+        server: DhcpServer,
+        store: LeaseStore,
+        interfaces: tuple[str, ...],
+        metrics: DhcpMetrics,
+        *,
+        events: Callable[[Lease], None] = lambda lease: None,
+        probe_timeout: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.server = server
+        self.store = store
+        self.interfaces = interfaces
+        self.metrics = metrics
+        self.events = events
+        self.probe_timeout = probe_timeout
+        self.clock = clock  # wall time: leases outlive the process
+        self.sockets: dict[str, socket.socket] = {}
+        self._nursery: trio.Nursery | None = None
+        self.l2_unicast = True  # until the kernel refuses us ARP entries
+
+    async def run(self, node=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await trio.to_thread.run_sync(self.store.load)
+        try:
+            for interface in self.interfaces:
+                self.sockets[interface] = open_server_socket(
+                    interface, self.server.config.server_port
+                )
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.store.run)
+                nursery.start_soon(self._sweep)
+                for interface, sock in self.sockets.items():
+                    nursery.start_soon(self._receive, interface, sock)
+                log.info(
+                    "dhcp serving",
+                    interfaces=",".join(self.interfaces),
+                    port=self.server.config.server_port,
+                    subnets=",".join(s.key for s in self.server.config.subnets),
+                    leases=len(self.server.leases),
+                )
+                task_status.started()
+        finally:
+            for sock in self.sockets.values():
+                sock.close()
+
+    async def _receive(self, interface: str, sock: socket.socket) -> None:
+        loopback = interface == "lo"
+        fallback = interface_address(interface)
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            for _ in range(DRAIN_BATCH):
+                try:
+                    data, ancdata, _flags, source = sock.recvmsg(MAX_DATAGRAM, CMSG_SPACE)
+                except BlockingIOError:
+                    break
+                except OSError as exc:  # e.g. ICMP errors queued on the socket
+                    log.debug("receive error", interface=interface, error=str(exc))
+                    continue
+                found = arrival_address(ancdata)
+                local = found[1] if found else fallback
+                arrival = Arrival(interface, local, source, loopback)
+                self._dispatch(data, arrival, self.server.handle(data, arrival, self.clock()))
+            await trio.lowlevel.checkpoint()
+
+    def _dispatch(self, data: bytes, arrival: Arrival, outcome: Outcome, *, again=False) -> None:
+        self.metrics.count(outcome, received=not again)
+        if outcome.probe is not None:
+            self._nursery.start_soon(self._probe_then_handle, data, arrival, outcome.probe)
+        elif outcome.commits:
+            commits, replies = outcome.commits, outcome.replies
+            self.store.commit(commits, lambda: self._durable(commits, replies))
+        else:
+            self._send(outcome.replies)
+
+    def _durable(self, commits: list[Lease], replies: list[Reply]) -> None:
+        self._send(replies)
+        for lease in commits:
+            try:
+                self.events(lease)
+            except Exception as exc:  # a listener's bug must not stop the server
+                log.error("lease event hook failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _send(self, replies: list[Reply]) -> None:
+        for reply in replies:
+            sock = self.sockets[reply.interface]
+            address = reply.address
+            if reply.hwaddr is not None and not (
+                self.l2_unicast and self._set_arp(sock, reply.interface, address, reply.hwaddr)
+            ):
+                address = "255.255.255.255"
+            try:
+                sock.sendto(reply.payload, (address, reply.port))
+            except OSError as exc:  # full buffer, unreachable relay: the client retries
+                self.metrics.send_failed(exc)
+                continue
+            self.metrics.sent(reply.kind)
+
+    def _set_arp(self, sock: socket.socket, interface: str, address: str, hwaddr: bytes) -> bool:
+        if set_arp_entry(sock, interface, address, hwaddr):
+            return True
+        self.l2_unicast = False
+        log.warning("cannot set ARP entries (needs CAP_NET_ADMIN): replying by broadcast")
+        return False
+
+    async def _probe_then_handle(self, data: bytes, arrival: Arrival, address: int) -> None:
+        text = socket.inet_ntoa(address.to_bytes(4, "big"))
+        try:
+            in_use = await icmp_in_use(text, self.probe_timeout)
+        except OSError as exc:
+            log.warning("conflict probe failed; offering without it", address=text, error=str(exc))
+            in_use = False
+        self.metrics.probed(in_use)
+        now = self.clock()
+        quarantine = self.server.probe_result(address, in_use, now)
+        if quarantine is not None:
+            log.warning("address in use by an unknown host: quarantined", address=text)
+            self.store.commit([quarantine])
+        outcome = self.server.handle(data, arrival, now)
+        if outcome.probe is None:  # a second probe waits for the client's retransmission
+            self._dispatch(data, arrival, outcome, again=True)
+
+    async def _sweep(self) -> None:
+        while True:
+            await trio.sleep(SWEEP_INTERVAL)
+            self.server.sweep(self.clock())
