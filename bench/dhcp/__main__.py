@@ -1,0 +1,3 @@
+from bench.dhcp.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""CPU cost of Rackboot's DHCP hot path without sockets: ``python -m bench.dhcp.micro``.
+
+Feeds the sans-IO :class:`~plugins.dhcp.server.DhcpServer` the exchanges
+perfdhcp makes (relayed DISCOVER, then REQUEST for the offered address, every
+client new) and times, per DORA, the parts the trio shell runs per packet:
+``handle`` (parse, decide, build), the metrics, and what a commit costs in the
+trio thread (encode the lease record, frame it into the pending batch). No
+sockets, no fdatasync, no trio: the remainder of the full benchmark's
+``cpu µs/DORA`` is the system calls, the event loop and the journal thread.
+
+Needs no root; runs in a few seconds. ``--profile`` prints a cProfile of the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import pstats
+import struct
+import sys
+import time
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from appliance.journal import frame  # noqa: E402
+from plugins.dhcp.leases import encode_lease  # noqa: E402
+from plugins.dhcp.model import ServerConfig, Subnet  # noqa: E402
+from plugins.dhcp.server import Arrival, DhcpServer  # noqa: E402
+
+MAGIC = b"\x63\x82\x53\x63"
+NETWORK = IPv4Network("10.99.0.0/16")
+SERVER, RELAY = IPv4Address("10.99.0.1"), IPv4Address("10.99.0.2")
+
+
+def packet(kind: int, xid: int, mac: bytes, extra: bytes = b"") -> bytes:
+    """A BOOTREQUEST shaped like perfdhcp's (bench/README.md, "What perfdhcp sends")."""
+    header = struct.pack(
+        "!BBBBIHH4s4s4s4s16s64s128s", 1, 1, 6, 1, xid, 0, 0,
+        bytes(4), bytes(4), bytes(4), RELAY.packed, mac.ljust(16, b"\0"), b"", b"",
+    )  # fmt: skip
+    options = bytes([53, 1, kind, 55, 7, 1, 28, 2, 3, 15, 6, 12, 61, 7, 1]) + mac + extra
+    return header + MAGIC + options + b"\xff"
+
+
+def make_server() -> DhcpServer:
+    base = int(NETWORK.network_address)
+    subnet = Subnet(
+        NETWORK,
+        pools=((base + 256, base + 255 * 256 + 250),),
+        router=SERVER,
+        dns=(SERVER,),
+    )
+    return DhcpServer(ServerConfig(subnets=(subnet,), lease_time=3600))
+
+
+def run(count: int, *, metrics: bool) -> dict[str, float]:
+    """Time ``count`` DORAs; returns µs per DORA by part."""
+    server = make_server()
+    arrival = Arrival("srv0", int(SERVER), (str(RELAY), 67))
+    count_metrics = None
+    if metrics:
+        from prometheus_client import CollectorRegistry
+
+        from plugins.dhcp.metrics import DhcpMetrics
+
+        m = DhcpMetrics(CollectorRegistry(), server)
+
+        def count_metrics(outcome) -> None:
+            m.count(outcome)
+            for reply in outcome.replies:
+                m.sent(reply.kind)
+
+    discovers = [packet(1, i, b"\x00\x0c" + i.to_bytes(4, "big")) for i in range(count)]
+    pending = bytearray()
+    now = time.time()
+    t_handle = t_commit = t_metrics = 0.0
+    clock = time.perf_counter
+    gc.collect()
+    for i, discover in enumerate(discovers):
+        t0 = clock()
+        offer = server.handle(discover, arrival, now)
+        t1 = clock()
+        yiaddr = offer.replies[0].payload[16:20]
+        request = packet(
+            3, i, discover[28:34], bytes([50, 4]) + yiaddr + bytes([54, 4]) + SERVER.packed
+        )
+        t2 = clock()
+        ack = server.handle(request, arrival, now)
+        t3 = clock()
+        for lease in ack.commits:
+            pending += frame(encode_lease(lease))
+        t4 = clock()
+        if count_metrics is not None:
+            count_metrics(offer)
+            count_metrics(ack)
+        t5 = clock()
+        if not ack.replies or ack.replies[0].kind != 5:
+            raise SystemExit(f"exchange {i}: no ACK ({ack.dropped})")
+        t_handle += (t1 - t0) + (t3 - t2)
+        t_commit += t4 - t3
+        t_metrics += t5 - t4
+    per = 1e6 / count
+    return {
+        "handle": t_handle * per,
+        "commit": t_commit * per,
+        "metrics": t_metrics * per,
+        "total": (t_handle + t_commit + t_metrics) * per,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.dhcp.micro", description=__doc__)
+    p.add_argument("--count", type=int, default=20_000, help="DORAs per round (default 20000)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; the best counts (default 5)")
+    p.add_argument("--no-metrics", action="store_true", help="leave the Prometheus counters out")
+    p.add_argument("--profile", action="store_true", help="print a cProfile of one round")
+    args = p.parse_args(argv)
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.runcall(run, args.count, metrics=not args.no_metrics)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        return 0
+    rounds = [run(args.count, metrics=not args.no_metrics) for _ in range(max(1, args.rounds))]
+    best = min(rounds, key=lambda r: r["total"])
+    print(
+        f"sans-IO DORA, {args.count} new clients, best of {len(rounds)} rounds "
+        f"(Python {sys.version.split()[0]}): "
+        + "  ".join(f"{k} {v:.1f} µs" for k, v in best.items())
+        + f"  -> {1e6 / best['total']:,.0f} DORA/s of one CPU"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
