@@ -216,3 +216,37 @@ def test_rackboot_node_runs_inside_a_namespace(lab: Lab, tmp_path: Path) -> None
         pytest.fail(f"node ignored SIGTERM for 15 s:\n{log.read_text()}")
     assert rc == 0, log.read_text()
     assert not sock.exists()
+
+
+def test_bare_hosts_a_mac_of_choice_and_a_host_on_two_labs(lab: Lab) -> None:
+    client = lab.add_host("cli", bare=True, mac="52:54:00:ab:cd:ef")
+    assert client.addr == "" and client.network == lab.network
+    assert client.mac == "52:54:00:ab:cd:ef"
+    res = client.run(["ip", "-4", "-o", "addr", "show", "dev", client.ifname], check=True)
+    assert res.stdout == ""  # no address: what a DHCP client starts with
+    router = lab.add_host("rtr")
+    assert router.addr == str(lab.network.network_address + 1)  # bare hosts take no address
+
+    with Lab(avoid=(lab,)) as far:
+        assert far.network != lab.network
+        leg = far.attach(router)
+        assert (leg.ns, leg.network) == (router.ns, far.network) and leg.ifname != router.ifname
+        peer = far.add_host("peer")
+        probe = [
+            sys.executable,
+            "-c",
+            "import socket,sys; socket.create_connection((sys.argv[1], 9), 2)",
+        ]
+        res = peer.run([*probe, leg.addr])  # refused, not unreachable: the router answered
+        assert "ConnectionRefusedError" in res.stderr, res.stderr
+        with pytest.raises(ValueError):
+            far.attach(router)  # once per lab
+    # Closing the far lab takes the router's second leg with it (asynchronously), nothing else.
+    deadline = time.monotonic() + 10
+    while router.run(["ip", "-o", "link", "show", "dev", leg.ifname]).returncode == 0:
+        assert time.monotonic() < deadline, f"{leg.ifname} outlived its lab"
+        time.sleep(0.05)
+    assert (
+        netns_exists(router.ns)
+        and router.run(["ip", "link", "show", router.ifname]).returncode == 0
+    )

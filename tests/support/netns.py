@@ -6,6 +6,11 @@ Layout of one :class:`Lab`::
                                                       [ns <p><id>-br] bridge br-<id>
     [ns <p><id>-b]  b-<id> 10.X.Y.2/24 --veth-- v2-<id> /
 
+A host added with ``bare=True`` gets no address (a DHCP client's link), and
+:meth:`Lab.attach` plugs a host that already exists, perhaps another lab's,
+into this lab's bridge too: two labs make two links, and a host on both is a
+router or a DHCP relay.
+
 Nothing touches the host's own namespace: veths are created inside the bridge
 namespace with their far end moved straight into the host namespace, and no
 namespace gets a default route, so lab traffic cannot leave 10.X.Y.0/24. Every
@@ -90,6 +95,12 @@ class Host:
     addr: str
     network: ipaddress.IPv4Network
 
+    @property
+    def mac(self) -> str:
+        """The interface's MAC address, ``aa:bb:cc:dd:ee:ff``."""
+        res = self.run(["cat", f"/sys/class/net/{self.ifname}/address"], check=True)
+        return res.stdout.strip()
+
     def run(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess:
         """Run ``argv`` inside this namespace (captured text output, 30 s timeout by default)."""
         kw.setdefault("capture_output", True)
@@ -112,13 +123,20 @@ class Lab:
     half-way has already cleaned up after itself.
     """
 
-    def __init__(self, *, prefix: str = "rbt", lowlat: bool = False) -> None:
+    def __init__(
+        self, *, prefix: str = "rbt", lowlat: bool = False, avoid: tuple[Lab, ...] = ()
+    ) -> None:
+        """``avoid``: labs whose networks this one must not overlap (a second link)."""
         self.id = secrets.token_hex(3)  # 6 hex chars: names stay well under IFNAMSIZ
         self.prefix = prefix
         # 10.X.Y.0/24 with X in 64..254 keeps clear of the commonly used 10.0/10.1 ranges.
-        self.network = ipaddress.IPv4Network(
-            f"10.{64 + secrets.randbelow(191)}.{secrets.randbelow(256)}.0/24"
-        )
+        taken = {other.network for other in avoid}
+        for _ in range(100):
+            self.network = ipaddress.IPv4Network(
+                f"10.{64 + secrets.randbelow(191)}.{secrets.randbelow(256)}.0/24"
+            )
+            if self.network not in taken:
+                break
         self.bridge_ns = f"{prefix}{self.id}-br"
         self.bridge = f"br-{self.id}"
         self.hosts: dict[str, Host] = {}
@@ -146,37 +164,71 @@ class Lab:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add_host(self, name: str, addr: str | None = None) -> Host:
+    def add_host(
+        self, name: str, addr: str | None = None, *, mac: str | None = None, bare: bool = False
+    ) -> Host:
         """Add namespace ``name`` on the bridge with ``addr`` (default: the next free address).
 
-        ``addr`` may carry a prefix length; without one the lab's /24 applies. On
-        failure the half-made host is removed at once and the lab stays usable.
+        ``addr`` may carry a prefix length; without one the lab's /24 applies.
+        ``bare=True``: no address at all (``Host.addr`` is ""), as a DHCP client
+        starts. ``mac`` sets the interface's MAC. On failure the half-made host
+        is removed at once and the lab stays usable.
         """
         if not (name.isascii() and name.isalnum()) or len(name) > 6 or name in self.hosts:
             raise ValueError(f"host name must be new, alphanumeric, at most 6 chars: {name!r}")
-        if addr is None:
-            addr = str(self._next_free())
-        cidr = addr if "/" in addr else f"{addr}/{self.network.prefixlen}"
         ns = f"{self.prefix}{self.id}-{name}"
+        try:
+            self._add_ns(ns)
+            host = self._plug(name, ns, addr, mac=mac, bare=bare)
+        except BaseException:
+            with contextlib.suppress(LabError):  # else close() retries; keep the first error
+                self._del_ns(ns)  # takes the veth pair with it
+            raise
+        self.hosts[name] = host
+        return host
+
+    def attach(
+        self, host: Host, addr: str | None = None, *, mac: str | None = None, bare: bool = False
+    ) -> Host:
+        """Give ``host``'s namespace (any lab's) an interface on this lab's bridge too.
+
+        Returns a :class:`Host` for the new interface: same namespace, this lab's
+        network; processes started through it stop when this lab closes. The
+        interface goes away with this lab's bridge namespace or with the host's.
+        """
+        if host.name in self.hosts:
+            raise ValueError(f"{host.name!r} is already on this lab")
+        plugged = self._plug(host.name, host.ns, addr, mac=mac, bare=bare)
+        self.hosts[host.name] = plugged
+        return plugged
+
+    def _plug(self, name: str, ns: str, addr: str | None, *, mac: str | None, bare: bool) -> Host:
+        """A veth from the bridge into ``ns``, addressed unless ``bare``."""
+        if addr is None and not bare:
+            addr = str(self._next_free())
+        cidr = "" if addr is None else addr if "/" in addr else f"{addr}/{self.network.prefixlen}"
         # Port names are never reused: a deleted namespace's veth vanishes asynchronously.
         self._ports += 1
         ifname, brport = f"{name}-{self.id}", f"v{self._ports}-{self.id}"
         assert len(ifname) <= IFNAMSIZ and len(brport) <= IFNAMSIZ
         try:
-            self._add_ns(ns)
             _ip("-n", self.bridge_ns, "link", "add", brport, "type", "veth",
                 "peer", "name", ifname, "netns", ns)  # fmt: skip
             _ip("-n", self.bridge_ns, "link", "set", brport, "master", self.bridge, "up")
-            _ip("-n", ns, "addr", "add", cidr, "dev", ifname)
+            if mac is not None:
+                _ip("-n", ns, "link", "set", ifname, "address", mac)
+            if not bare:
+                _ip("-n", ns, "addr", "add", cidr, "dev", ifname)
             _ip("-n", ns, "link", "set", ifname, "up")
         except BaseException:
-            with contextlib.suppress(LabError):  # else close() retries; keep the first error
-                self._del_ns(ns)  # takes the veth pair with it
+            if netns_exists(self.bridge_ns):  # the bridge end takes the pair with it
+                with contextlib.suppress(LabError):
+                    _ip("-n", self.bridge_ns, "link", "del", brport)
             raise
+        if bare:
+            return Host(self, name, ns, ifname, "", self.network)
         iface = ipaddress.IPv4Interface(cidr)
-        host = Host(self, name, ns, ifname, str(iface.ip), iface.network)
-        self.hosts[name] = host
-        return host
+        return Host(self, name, ns, ifname, str(iface.ip), iface.network)
 
     def close(self, term_timeout: float = 5.0, kill_timeout: float = 5.0) -> None:
         """Stop our processes (SIGTERM, then SIGKILL), delete our namespaces. Idempotent.
@@ -232,7 +284,7 @@ class Lab:
         self.namespaces.remove(ns)
 
     def _next_free(self) -> ipaddress.IPv4Address:
-        used = {ipaddress.IPv4Address(h.addr) for h in self.hosts.values()}
+        used = {ipaddress.IPv4Address(h.addr) for h in self.hosts.values() if h.addr}
         for candidate in self.network.hosts():
             if candidate not in used:
                 return candidate

@@ -1,0 +1,291 @@
+"""Real DHCP clients against a Rackboot node, each in a namespace of the lab.
+
+udhcpc (busybox), dhclient (ISC) and dhcpcd obtain leases with the subnet's
+options as *they* decode them; a MAC reservation gets its address and host
+name; renew, INIT-REBOOT and release show in the server's lease list; a client
+without the broadcast flag gets its OFFER and ACK by L2 unicast.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.dhcplab import (
+    Dhclient,
+    Dhcpcd,
+    DhcpNode,
+    Sniffer,
+    Udhcpc,
+    bootp_fields,
+    wait_until,
+)
+from tests.support.netns import Host, Lab, have_commands
+
+CLIENTS = {"udhcpc": Udhcpc, "dhclient": Dhclient, "dhcpcd": Dhcpcd}
+BOUND = {"udhcpc": "bound", "dhclient": "BOUND", "dhcpcd": "BOUND"}
+PROGRAM = {"udhcpc": "udhcpc", "dhclient": "dhclient", "dhcpcd": "dhcpcd"}
+OFFER, ACK = 2, 5
+
+
+def octet(lab: Lab, last: int) -> str:
+    return str(lab.network.network_address + last)
+
+
+def serve(lab: Lab, server: Host, workdir: Path, *, extra: str = "", lease_time: int = 600):
+    """A node on ``server`` with one subnet carrying every option the clients report."""
+    return DhcpNode(
+        server,
+        workdir / "node",
+        f"""
+        lease_time = {lease_time}
+        {extra}
+        [[dhcp.subnets]]
+        network = "{lab.network}"
+        pools = ["{octet(lab, 100)}-{octet(lab, 150)}"]
+        router = "{server.addr}"
+        dns = ["{octet(lab, 53)}", "{octet(lab, 54)}"]
+        domain = "rack7.example"
+        ntp = ["{octet(lab, 123)}"]
+        mtu = 1400
+        routes = ["192.168.50.0/24 via {octet(lab, 254)}", "172.16.0.0/12 via {octet(lab, 253)}"]
+        """,
+    )
+
+
+def told(client: str, event: dict[str, str]) -> dict[str, object]:
+    """What the client says it was given, in one shape for all three clients."""
+    if client == "udhcpc":
+        words = event.get("staticroutes", "").split()
+        return {
+            "address": event["ip"],
+            "mask": event["subnet"],
+            "router": event.get("router"),
+            "dns": event.get("dns", "").split(),
+            "domain": event.get("domain"),
+            "lease": int(event["lease"]),
+            "mtu": int(event["mtu"]) if "mtu" in event else None,
+            "ntp": event.get("ntpsrv", "").split(),
+            "routes": sorted(zip(words[::2], words[1::2], strict=True)),
+            "server": event["serverid"],
+            "hostname": event.get("hostname"),
+        }
+    if client == "dhclient":  # option 121 as the array of bytes we declared it to be
+        raw = [int(x) for x in event.get("new_rfc3442_classless_static_routes", "").split()]
+        routes = []
+        while raw:
+            width = raw[0]
+            size = (width + 7) // 8
+            dest = raw[1 : 1 + size] + [0] * (4 - size)
+            gateway = raw[1 + size : 5 + size]
+            routes.append((f"{'.'.join(map(str, dest))}/{width}", ".".join(map(str, gateway))))
+            raw = raw[5 + size :]
+        routes.sort()
+    else:
+        words = event.get("new_classless_static_routes", "").split()
+        routes = sorted(zip(words[::2], words[1::2], strict=True))
+    return {
+        "address": event["new_ip_address"],
+        "mask": event["new_subnet_mask"],
+        "router": event.get("new_routers"),
+        "dns": event.get("new_domain_name_servers", "").split(),
+        "domain": event.get("new_domain_name"),
+        "lease": int(event["new_dhcp_lease_time"]),
+        "mtu": int(event["new_interface_mtu"]) if "new_interface_mtu" in event else None,
+        "ntp": event.get("new_ntp_servers", "").split(),
+        "routes": routes,
+        "server": event["new_dhcp_server_identifier"],
+        "hostname": event.get("new_host_name"),
+    }
+
+
+def addresses_of(host: Host) -> list[str]:
+    out = host.run(["ip", "-4", "-o", "addr", "show", "dev", host.ifname], check=True).stdout
+    return [line.split()[3] for line in out.splitlines()]
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_real_client_gets_a_lease_with_the_subnet_options(
+    lab: Lab, tmp_path: Path, client: str
+) -> None:
+    if not have_commands(PROGRAM[client]):
+        pytest.skip(f"{PROGRAM[client]} is not installed (see tests/debian-packages.txt)")
+    server = lab.add_host("srv")
+    node = serve(lab, server, tmp_path).start()
+    host = lab.add_host("cli", bare=True)
+    dhcp = CLIENTS[client](host, tmp_path / client).start()
+
+    got = told(client, dhcp.wait(BOUND[client], timeout=15))
+
+    address = ipaddress.IPv4Address(got["address"])
+    assert (
+        ipaddress.IPv4Address(octet(lab, 100)) <= address <= ipaddress.IPv4Address(octet(lab, 150))
+    )
+    assert got == {
+        "address": str(address),
+        "mask": "255.255.255.0",
+        "router": server.addr,
+        "dns": [octet(lab, 53), octet(lab, 54)],
+        "domain": "rack7.example",
+        "lease": 600,
+        "mtu": 1400,
+        "ntp": [octet(lab, 123)],
+        "routes": [("172.16.0.0/12", octet(lab, 253)), ("192.168.50.0/24", octet(lab, 254))],
+        "server": server.addr,
+        "hostname": None,
+    }
+    # The client configured the address it was given...
+    wait_until(lambda: f"{address}/24" in addresses_of(host), 5, "address on the interface")
+    # ...and the server's lease list, through the CLI, holds exactly that lease.
+    (lease,) = node.cli("leases", "list")
+    assert lease["address"] == str(address) and lease["mac"] == host.mac
+    assert lease["state"] == "bound" and lease["subnet"] == str(lab.network)
+    assert 590 <= lease["remaining"] <= 600
+    dhcp.stop()
+    node.stop()
+
+
+def test_reservation_by_mac_gets_its_address_and_hostname(lab: Lab, tmp_path: Path) -> None:
+    server = lab.add_host("srv")
+    mac = "52:54:00:7a:00:2a"
+    fixed = octet(lab, 42)  # outside the pool
+    node = serve(
+        lab,
+        server,
+        tmp_path,
+        extra=f"""
+        [[dhcp.reservations]]
+        address = "{fixed}"
+        mac = "{mac}"
+        hostname = "node42"
+        """,
+    ).start()
+    reserved = lab.add_host("res", bare=True, mac=mac)
+    other = lab.add_host("other", bare=True)
+    one = Udhcpc(reserved, tmp_path / "reserved").start()
+    two = Dhclient(other, tmp_path / "other").start()
+
+    got = told("udhcpc", one.wait("bound"))
+    assert (got["address"], got["hostname"]) == (fixed, "node42")
+    assert got["router"] == server.addr and got["domain"] == "rack7.example"
+    # Another machine on the link gets a pool address, never the reserved one.
+    other_address = told("dhclient", two.wait_bound())["address"]
+    assert other_address != fixed and other_address.startswith(octet(lab, 0)[:-1])
+
+    leases = {lease["mac"]: lease for lease in node.leases()}
+    assert leases[mac]["address"] == fixed and leases[mac]["hostname"] == "node42"
+    assert leases[other.mac]["address"] == other_address
+    one.stop()
+    two.stop()
+    node.stop()
+
+
+def test_udhcpc_renews_and_releases(lab: Lab, tmp_path: Path) -> None:
+    server = lab.add_host("srv")
+    node = serve(lab, server, tmp_path, lease_time=60).start()
+    host = lab.add_host("cli", bare=True)
+    sniff = Sniffer(server, tmp_path)
+    client = Udhcpc(host, tmp_path / "udhcpc").start()
+    bound = told("udhcpc", client.wait("bound"))
+    (first,) = node.leases()
+    assert bound["lease"] == 60 and first["address"] == bound["address"]
+
+    # SIGUSR1: udhcpc renews at once, as it would at T1 (30 s here), by unicast with ciaddr.
+    time.sleep(0.05)  # so the renewed lease starts measurably later
+    before = client.signal(signal.SIGUSR1)
+    renewed = told("udhcpc", client.wait("renew", after=before))
+    assert renewed["address"] == bound["address"] and renewed["lease"] == 60
+    (second,) = node.leases()
+    assert second["starts"] > first["starts"] and second["expires"] > first["expires"]
+    requests = [
+        bootp_fields(f["payload"])
+        for f in sniff.frames()
+        if f["dir"] == "in" and f["dport"] == 67 and f["src"] == bound["address"]
+    ]
+    assert requests and requests[-1]["ciaddr"] == bound["address"]  # RENEWING, unicast
+
+    # SIGUSR2: udhcpc releases; the lease ends at once but stays listed with --all.
+    before = client.signal(signal.SIGUSR2)
+    client.wait("deconfig", after=before)
+    wait_until(lambda: not node.leases(), 5, "the released lease to leave the active list")
+    (released,) = node.cli("leases", "list", "--all")
+    assert released["address"] == bound["address"] and released["state"] == "released"
+    assert released["remaining"] == 0
+    sniff.stop()
+    client.stop()
+    node.stop()
+
+
+def test_dhclient_reboots_into_its_lease_and_releases_it(lab: Lab, tmp_path: Path) -> None:
+    server = lab.add_host("srv")
+    node = serve(lab, server, tmp_path, lease_time=60).start()
+    host = lab.add_host("cli", bare=True)
+    client = Dhclient(host, tmp_path / "dhclient").start()
+    bound = told("dhclient", client.wait_bound())
+    (first,) = node.leases()
+    client.stop()  # SIGTERM: dhclient keeps its lease file and releases nothing
+
+    # Run twice: the second run starts in INIT-REBOOT from its lease file and is ACKed.
+    before = len(client.events.all())
+    client.start()
+    event = client.wait_bound(("REBOOT", "BOUND"), after=before)
+    assert event["event"] == "REBOOT", "INIT-REBOOT was not ACKed"
+    assert told("dhclient", event)["address"] == bound["address"]
+    (second,) = node.leases()
+    assert second["address"] == first["address"] and second["starts"] > first["starts"]
+
+    # dhclient -r: DHCPRELEASE.
+    client.release()
+    wait_until(lambda: not node.leases(), 5, "the released lease to leave the active list")
+    (released,) = node.leases(all=True)
+    assert released["address"] == bound["address"] and released["state"] == "released"
+    node.stop()
+
+
+def test_reply_to_a_client_without_the_broadcast_flag_is_l2_unicast(
+    lab: Lab, tmp_path: Path
+) -> None:
+    server = lab.add_host("srv")
+    node = serve(lab, server, tmp_path).start()
+    sniff = Sniffer(server, tmp_path)
+    quiet = lab.add_host("uni", bare=True)
+    loud = lab.add_host("bcast", bare=True)
+    unicast = Udhcpc(quiet, tmp_path / "uni").start()  # udhcpc leaves the flag clear
+    uni_address = told("udhcpc", unicast.wait("bound"))["address"]
+    broadcast = Udhcpc(loud, tmp_path / "bcast", extra=("-B",)).start()  # -B sets it
+    b_address = told("udhcpc", broadcast.wait("bound"))["address"]
+    frames = sniff.stop()
+
+    def exchange(mac: str) -> tuple[list[dict], list[dict]]:
+        asked = [f for f in frames if f["dir"] == "in" and f["src_mac"] == mac]
+        xids = {bootp_fields(f["payload"])["xid"] for f in asked}
+        answered = [
+            f
+            for f in frames
+            if f["dir"] == "out" and f["sport"] == 67 and bootp_fields(f["payload"])["xid"] in xids
+        ]
+        return asked, answered
+
+    asked, answered = exchange(quiet.mac)
+    assert asked and all(bootp_fields(f["payload"])["flags"] == 0 for f in asked)
+    kinds = [bootp_fields(f["payload"])["type"] for f in answered]
+    assert OFFER in kinds and ACK in kinds
+    for frame in answered:  # to the client's MAC and offered address; never broadcast
+        assert (frame["dst_mac"], frame["dst"], frame["dport"]) == (quiet.mac, uni_address, 68)
+    # The kernel delivered it through the ARP entry the server set.
+    neigh = server.run(["ip", "-4", "neigh", "show", uni_address], check=True).stdout
+    assert quiet.mac in neigh
+
+    asked, answered = exchange(loud.mac)
+    assert asked and all(bootp_fields(f["payload"])["flags"] == 0x8000 for f in asked)
+    assert answered and all(
+        (f["dst_mac"], f["dst"]) == ("ff:ff:ff:ff:ff:ff", "255.255.255.255") for f in answered
+    )
+    assert b_address != uni_address
+    unicast.stop()
+    broadcast.stop()
+    node.stop()
