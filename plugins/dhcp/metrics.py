@@ -41,6 +41,13 @@ class DhcpMetrics:
             ["errno"],
             registry=registry,
         )
+        self._l2_fallbacks = Counter(
+            "rackboot_dhcp_l2_fallbacks",
+            "Replies for a client without an address broadcast because the kernel refused "
+            "an ARP entry (ENOBUFS: neighbour table full)",
+            ["errno"],
+            registry=registry,
+        )
         self._probes = Counter(
             "rackboot_dhcp_probes", "Conflict probes, by result", ["result"], registry=registry
         )
@@ -70,6 +77,9 @@ class DhcpMetrics:
 
     def send_failed(self, exc: OSError) -> None:
         self._child(self._send_errors, "send_errors", str(exc.errno)).inc()
+
+    def l2_fallback(self, exc: OSError) -> None:
+        self._child(self._l2_fallbacks, "l2_fallbacks", str(exc.errno)).inc()
 
     def probed(self, in_use: bool) -> None:
         self._child(self._probes, "probes", "in-use" if in_use else "free").inc()

@@ -66,7 +66,13 @@ def interface_address(interface: str) -> int:
 
 def set_arp_entry(sock: socket.socket, interface: str, address: str, hwaddr: bytes) -> bool:
     """Tell the kernel ``address`` is at ``hwaddr`` so a unicast reaches a client
-    that has no address yet (what ISC dhcpd and dnsmasq do). False without CAP_NET_ADMIN."""
+    that has no address yet (what dnsmasq does).
+
+    False when this can never work here: no CAP_NET_ADMIN, or an interface that
+    takes no ARP entries. Raises ``OSError`` for a refusal that may pass, above
+    all ENOBUFS: the kernel's neighbour table (one for all namespaces, 1024
+    entries by default) is full and entries younger than 5 s cannot be evicted,
+    as after a DISCOVER storm from many MACs."""
     protocol = struct.pack("=H2s4s8s", socket.AF_INET, b"\0\0", socket.inet_aton(address), b"")
     hardware = struct.pack("=H14s", ARPHRD_ETHER, hwaddr)
     netmask = bytes(16)

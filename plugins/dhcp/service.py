@@ -6,6 +6,13 @@ or, when the outcome changes leases, only after the lease store says the
 records are durable (an ACK is never sent for a lease a crash could lose).
 Bursts are drained without yielding per packet; the group commit batches
 their fsyncs.
+
+Conflict probes (``probe = "icmp"``) run one per address at a time: a DISCOVER
+that arrives while its address is being probed takes the place of the one
+waiting (the reply answers the newest), and at most :data:`MAX_PROBES` run at
+once; past that a DISCOVER that needs a probe is dropped (``probe-busy``) and
+its client's retransmission tries again. A DISCOVER storm thus costs a bounded
+number of sockets, and no address is offered unprobed for lack of one.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ log = get_logger("dhcp")
 MAX_DATAGRAM = 65_535
 DRAIN_BATCH = 64  # datagrams handled before giving the journal and timers a turn
 SWEEP_INTERVAL = 30.0
+MAX_PROBES = 64  # conflict probes in flight (each holds a socket); past it: drop "probe-busy"
 
 
 class DhcpService:
@@ -59,7 +67,9 @@ class DhcpService:
         self.clock = clock  # wall time: leases outlive the process
         self.sockets: dict[str, socket.socket] = {}
         self._nursery: trio.Nursery | None = None
+        self._probing: dict[int, tuple[bytes, Arrival]] = {}  # address -> newest DISCOVER
         self.l2_unicast = True  # until the kernel refuses us ARP entries
+        self._arp_refused = False  # the last ARP entry failed (logged once per episode)
 
     async def run(self, node=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(self.store.load)
@@ -108,7 +118,7 @@ class DhcpService:
     def _dispatch(self, data: bytes, arrival: Arrival, outcome: Outcome, *, again=False) -> None:
         self.metrics.count(outcome, received=not again)
         if outcome.probe is not None:
-            self._nursery.start_soon(self._probe_then_handle, data, arrival, outcome.probe)
+            self._start_probe(data, arrival, outcome.probe)
         elif outcome.commits:
             commits, replies = outcome.commits, outcome.replies
             self.store.commit(commits, lambda: self._durable(commits, replies))
@@ -139,19 +149,47 @@ class DhcpService:
             self.metrics.sent(reply.kind)
 
     def _set_arp(self, sock: socket.socket, interface: str, address: str, hwaddr: bytes) -> bool:
-        if set_arp_entry(sock, interface, address, hwaddr):
+        """Make ``address`` resolve to ``hwaddr``; False: broadcast this reply instead."""
+        try:
+            done = set_arp_entry(sock, interface, address, hwaddr)
+        except OSError as exc:  # e.g. ENOBUFS: the neighbour table is full (a DISCOVER storm)
+            self.metrics.l2_fallback(exc)
+            if not self._arp_refused:
+                self._arp_refused = True
+                log.warning(
+                    "kernel refused an ARP entry: replying by broadcast until it accepts again",
+                    address=address,
+                    error=str(exc),
+                )
+            return False
+        if done:
+            if self._arp_refused:
+                self._arp_refused = False
+                log.info("ARP entries accepted again: replying by unicast")
             return True
         self.l2_unicast = False
         log.warning("cannot set ARP entries (needs CAP_NET_ADMIN): replying by broadcast")
         return False
 
-    async def _probe_then_handle(self, data: bytes, arrival: Arrival, address: int) -> None:
+    def _start_probe(self, data: bytes, arrival: Arrival, address: int) -> None:
+        if address in self._probing:  # its client asked again: answer the newest message
+            self._probing[address] = (data, arrival)
+            self.metrics.count(Outcome(dropped="probe-pending"), received=False)
+        elif len(self._probing) >= MAX_PROBES:
+            self.metrics.count(Outcome(dropped="probe-busy"), received=False)
+        else:
+            self._probing[address] = (data, arrival)
+            self._nursery.start_soon(self._probe_then_handle, address)
+
+    async def _probe_then_handle(self, address: int) -> None:
         text = socket.inet_ntoa(address.to_bytes(4, "big"))
         try:
             in_use = await icmp_in_use(text, self.probe_timeout)
         except OSError as exc:
             log.warning("conflict probe failed; offering without it", address=text, error=str(exc))
             in_use = False
+        finally:
+            data, arrival = self._probing.pop(address)
         self.metrics.probed(in_use)
         now = self.clock()
         quarantine = self.server.probe_result(address, in_use, now)
