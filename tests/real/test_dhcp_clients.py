@@ -289,3 +289,78 @@ def test_reply_to_a_client_without_the_broadcast_flag_is_l2_unicast(
     unicast.stop()
     broadcast.stop()
     node.stop()
+
+
+def test_client_declining_an_address_in_use_gets_another(lab: Lab, tmp_path: Path) -> None:
+    """udhcpc -a ARP-checks the ACKed address; a squatter answers, udhcpc sends DECLINE;
+    the server quarantines the address and offers the next one."""
+    server = lab.add_host("srv")
+    squatter = lab.add_host("squat", octet(lab, 100))  # the pool's first address
+    node = serve(lab, server, tmp_path).start()  # probe = "none": it offers .100
+    host = lab.add_host("cli", bare=True)
+    client = Udhcpc(host, tmp_path / "udhcpc", extra=("-a100",)).start()
+    bound = client.wait("bound", timeout=10)
+    assert "declining" in client.log.read_text()
+    assert bound["ip"] == octet(lab, 101)
+    leases = {x["address"]: x for x in node.leases(all=True)}
+    assert leases[squatter.addr]["state"] == "declined" and leases[squatter.addr]["mac"] == host.mac
+    assert leases[squatter.addr]["remaining"] > 3500  # decline_quarantine: 3600 s
+    assert leases[bound["ip"]]["state"] == "bound"
+    client.stop()
+    node.stop()
+
+
+def test_one_node_serves_two_links_and_answers_inform(lab: Lab, tmp_path: Path) -> None:
+    """Two provisioning interfaces: each link's clients get that link's subnet (a socket
+    per interface, SO_BINDTODEVICE), and an INFORM gets the options without a lease."""
+    with Lab(avoid=(lab,)) as far:
+        server = lab.add_host("srv")
+        server_far = far.attach(server)
+        b = far.network.network_address
+        node = DhcpNode(
+            server,
+            tmp_path / "node",
+            f"""
+            [[dhcp.subnets]]
+            network = "{lab.network}"
+            pools = ["{octet(lab, 100)}-{octet(lab, 150)}"]
+            router = "{server.addr}"
+            domain = "near.example"
+            [[dhcp.subnets]]
+            network = "{far.network}"
+            pools = ["{b + 100}-{b + 150}"]
+            router = "{server_far.addr}"
+            domain = "far.example"
+            """,
+            interfaces=(server.ifname, server_far.ifname),
+        ).start()
+        near_client = Udhcpc(lab.add_host("near", bare=True), tmp_path / "near").start()
+        far_client = Dhclient(far.add_host("far", bare=True), tmp_path / "far").start()
+        informer = far.add_host("inf", str(b + 7))  # configured by hand
+        inform = Dhcpcd(informer, tmp_path / "inform", extra=("-s", f"{b + 7}/24")).start()
+
+        near = told("udhcpc", near_client.wait("bound"))
+        faraway = told("dhclient", far_client.wait_bound())
+        informed = inform.wait("INFORM")
+        assert (near["router"], near["domain"], near["server"]) == (
+            server.addr, "near.example", server.addr,
+        )  # fmt: skip
+        assert ipaddress.IPv4Address(near["address"]) in lab.network
+        assert (faraway["router"], faraway["domain"], faraway["server"]) == (
+            server_far.addr, "far.example", server_far.addr,
+        )  # fmt: skip
+        assert ipaddress.IPv4Address(faraway["address"]) in far.network
+        assert (informed["new_routers"], informed["new_domain_name"]) == (
+            server_far.addr, "far.example",
+        )  # fmt: skip
+        assert "new_dhcp_lease_time" not in informed  # RFC 2131: no lease time for INFORM
+
+        leases = {x["address"]: x["subnet"] for x in node.leases()}
+        assert leases == {
+            near["address"]: str(lab.network),
+            faraway["address"]: str(far.network),
+        }  # and nothing for the INFORM
+        assert node.status()["dhcp"]["interfaces"] == [server.ifname, server_far.ifname]
+        for client in (near_client, far_client, inform):
+            client.stop()
+        node.stop()

@@ -80,7 +80,16 @@ def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: flo
 class DhcpNode:
     """``rackboot run`` with DHCP on ``host``'s interface; ``dhcp`` is the rest of ``[dhcp]``."""
 
-    def __init__(self, host: Host, workdir: Path, dhcp: str, *, name: str = "dhcp-node") -> None:
+    def __init__(
+        self,
+        host: Host,
+        workdir: Path,
+        dhcp: str,
+        *,
+        name: str = "dhcp-node",
+        interfaces: tuple[str, ...] = (),
+    ) -> None:
+        """``interfaces``: where to serve (default: ``host``'s lab interface)."""
         self.host = host
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +100,8 @@ class DhcpNode:
         self.config.write_text(
             f'[node]\nname = "{name}"\ndata_dir = "{self.data}"\nshutdown_grace = 2.0\n\n'
             '[plugins]\ndisabled = ["tftp"]\n\n'
-            f'[dhcp]\ninterfaces = ["{host.ifname}"]\n' + textwrap.dedent(dhcp)
+            f"[dhcp]\ninterfaces = {json.dumps(list(interfaces or (host.ifname,)))}\n"
+            + textwrap.dedent(dhcp)
         )
         self.proc: subprocess.Popen | None = None
         self.pids: list[int] = []  # every node process started, in order
@@ -369,8 +379,10 @@ class Dhcpcd:
     out of the host's /var/lib and /run. ``$reason`` as dhclient's (BOUND, ...).
     """
 
-    def __init__(self, host: Host, workdir: Path) -> None:
+    def __init__(self, host: Host, workdir: Path, *, extra: tuple[str, ...] = ()) -> None:
+        """``extra``: more arguments, e.g. ``("-s", "192.0.2.7/24")`` for an INFORM."""
         self.host = host
+        self.extra = extra
         workdir.mkdir(parents=True, exist_ok=True)
         self.events = Events(workdir / "dhcpcd.events")
         self.log = workdir / "dhcpcd.log"
@@ -387,7 +399,7 @@ class Dhcpcd:
         # ip netns exec gave us a mount namespace of our own (a slave of the host's).
         inner = 'mount -t tmpfs rbt /var/lib/dhcpcd && mount -t tmpfs rbt /run && exec "$@"'
         argv = ["dhcpcd", "-B", "-d", "-f", str(self.conf), "-c", str(self.script),
-                "-t", "20", self.host.ifname]  # fmt: skip
+                "-t", "20", *self.extra, self.host.ifname]  # fmt: skip
         with self.log.open("a") as out:
             self.proc = self.host.popen(
                 ["sh", "-c", inner, "sh", *argv], stdout=out, stderr=subprocess.STDOUT,
