@@ -184,39 +184,49 @@ def test_reservation_by_mac_gets_its_address_and_hostname(lab: Lab, tmp_path: Pa
     node.stop()
 
 
-def test_udhcpc_renews_and_releases(lab: Lab, tmp_path: Path) -> None:
+# How each client is made to renew now (as it would at T1, 30 s here) and to release.
+RENEW = {"udhcpc": (signal.SIGUSR1, "renew"), "dhcpcd": (signal.SIGUSR1, "RENEW")}
+RELEASE = {"udhcpc": (signal.SIGUSR2, "deconfig"), "dhcpcd": (signal.SIGALRM, "STOP")}
+
+
+@pytest.mark.parametrize("client", list(RENEW))
+def test_client_renews_and_releases(lab: Lab, tmp_path: Path, client: str) -> None:
+    if not have_commands(PROGRAM[client]):
+        pytest.skip(f"{PROGRAM[client]} is not installed (see tests/debian-packages.txt)")
     server = lab.add_host("srv")
     node = serve(lab, server, tmp_path, lease_time=60).start()
     host = lab.add_host("cli", bare=True)
     sniff = Sniffer(server, tmp_path)
-    client = Udhcpc(host, tmp_path / "udhcpc").start()
-    bound = told("udhcpc", client.wait("bound"))
+    dhcp = CLIENTS[client](host, tmp_path / client).start()
+    bound = told(client, dhcp.wait(BOUND[client]))
     (first,) = node.leases()
     assert bound["lease"] == 60 and first["address"] == bound["address"]
 
-    # SIGUSR1: udhcpc renews at once, as it would at T1 (30 s here), by unicast with ciaddr.
+    # Renew: a REQUEST unicast to the server from the client's address, with ciaddr.
     time.sleep(0.05)  # so the renewed lease starts measurably later
-    before = client.signal(signal.SIGUSR1)
-    renewed = told("udhcpc", client.wait("renew", after=before))
+    sig, event = RENEW[client]
+    before = dhcp.signal(sig)
+    renewed = told(client, dhcp.wait(event, after=before))
     assert renewed["address"] == bound["address"] and renewed["lease"] == 60
     (second,) = node.leases()
     assert second["starts"] > first["starts"] and second["expires"] > first["expires"]
-    requests = [
+    renewing = [
         bootp_fields(f["payload"])
         for f in sniff.frames()
         if f["dir"] == "in" and f["dport"] == 67 and f["src"] == bound["address"]
     ]
-    assert requests and requests[-1]["ciaddr"] == bound["address"]  # RENEWING, unicast
+    assert renewing and renewing[-1]["ciaddr"] == bound["address"]
 
-    # SIGUSR2: udhcpc releases; the lease ends at once but stays listed with --all.
-    before = client.signal(signal.SIGUSR2)
-    client.wait("deconfig", after=before)
+    # Release: the lease ends at once but stays listed with --all.
+    sig, event = RELEASE[client]
+    before = dhcp.signal(sig)
+    dhcp.wait(event, after=before)
     wait_until(lambda: not node.leases(), 5, "the released lease to leave the active list")
     (released,) = node.cli("leases", "list", "--all")
     assert released["address"] == bound["address"] and released["state"] == "released"
     assert released["remaining"] == 0
     sniff.stop()
-    client.stop()
+    dhcp.stop()
     node.stop()
 
 

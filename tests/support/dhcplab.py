@@ -410,6 +410,14 @@ class Dhcpcd:
     def wait(self, event: str | tuple[str, ...], timeout: float = 10.0, *, after: int = 0):
         return self.events.wait(event, timeout, after=after, proc=self.proc, log=self.log)
 
+    def signal(self, sig: int) -> int:
+        """Send ``sig`` (SIGUSR1 renews, SIGALRM releases and exits); returns how many
+        events were recorded before it."""
+        assert self.proc is not None and self.proc.poll() is None
+        before = len(self.events.all())
+        self.proc.send_signal(sig)
+        return before
+
     def stop(self) -> None:
         if self.proc is not None:
             stop_process(self.proc)
