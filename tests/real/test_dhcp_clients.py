@@ -204,9 +204,7 @@ def test_client_renews_and_releases(lab: Lab, tmp_path: Path, client: str) -> No
 
     # Renew: a REQUEST unicast to the server from the client's address, with ciaddr.
     time.sleep(0.05)  # so the renewed lease starts measurably later
-    sig, event = RENEW[client]
-    before = dhcp.signal(sig)
-    renewed = told(client, dhcp.wait(event, after=before))
+    renewed = told(client, dhcp.nudge(*RENEW[client]))
     assert renewed["address"] == bound["address"] and renewed["lease"] == 60
     (second,) = node.leases()
     assert second["starts"] > first["starts"] and second["expires"] > first["expires"]
@@ -218,9 +216,7 @@ def test_client_renews_and_releases(lab: Lab, tmp_path: Path, client: str) -> No
     assert renewing and renewing[-1]["ciaddr"] == bound["address"]
 
     # Release: the lease ends at once but stays listed with --all.
-    sig, event = RELEASE[client]
-    before = dhcp.signal(sig)
-    dhcp.wait(event, after=before)
+    dhcp.nudge(*RELEASE[client])
     wait_until(lambda: not node.leases(), 5, "the released lease to leave the active list")
     (released,) = node.cli("leases", "list", "--all")
     assert released["address"] == bound["address"] and released["state"] == "released"

@@ -242,11 +242,41 @@ def _script(path: Path, out: Path, event_var: str, body: str) -> Path:
     return path
 
 
-class Udhcpc:
+class _Client:
+    """What the three clients share: their process, event file and log."""
+
+    proc: subprocess.Popen | None = None
+    events: Events
+    log: Path
+
+    def wait(self, event: str | tuple[str, ...], timeout: float = 10.0, *, after: int = 0):
+        return self.events.wait(event, timeout, after=after, proc=self.proc, log=self.log)
+
+    def nudge(self, sig: int, event: str, timeout: float = 10.0) -> dict[str, str]:
+        """Send ``sig`` until the client reports ``event``, once a second: a signal that
+        lands while the client runs its hook script can go unheard (dhcpcd)."""
+        assert self.proc is not None and self.proc.poll() is None
+        before = len(self.events.all())
+        deadline = time.monotonic() + timeout
+        while True:
+            self.proc.send_signal(sig)  # a no-op once it has exited
+            left = deadline - time.monotonic()
+            try:
+                return self.wait(event, min(1.0, max(left, 0.0)), after=before)
+            except Timeout:
+                if left <= 1.0:
+                    raise
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+
+
+class Udhcpc(_Client):
     """busybox udhcpc in the foreground; its -s script configures the address and records.
 
     Events are udhcpc's: deconfig, bound, renew, nak, leasefail. SIGUSR1 renews,
-    SIGUSR2 releases (both by the PID we hold).
+    SIGUSR2 releases (both by the PID we hold: :meth:`nudge`).
     """
 
     def __init__(self, host: Host, workdir: Path, *, extra: tuple[str, ...] = ()) -> None:
@@ -274,22 +304,8 @@ class Udhcpc:
             )
         return self
 
-    def wait(self, event: str | tuple[str, ...], timeout: float = 10.0, *, after: int = 0):
-        return self.events.wait(event, timeout, after=after, proc=self.proc, log=self.log)
 
-    def signal(self, sig: int) -> int:
-        """Send ``sig``; returns how many events were recorded before it."""
-        assert self.proc is not None and self.proc.poll() is None
-        before = len(self.events.all())
-        self.proc.send_signal(sig)
-        return before
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-
-
-class Dhclient:
+class Dhclient(_Client):
     """ISC dhclient in the foreground (-d), with its own config, lease, PID file and -sf script.
 
     Events are dhclient's ``$reason``: PREINIT, BOUND, RENEW, REBOOT, RELEASE, ...
@@ -340,9 +356,6 @@ class Dhclient:
             )  # fmt: skip
         return self
 
-    def wait(self, event: str | tuple[str, ...], timeout: float = 10.0, *, after: int = 0):
-        return self.events.wait(event, timeout, after=after, proc=self.proc, log=self.log)
-
     def wait_bound(self, event: str | tuple[str, ...] = "BOUND", timeout: float = 10.0,
                    *, after: int = 0) -> dict[str, str]:  # fmt: skip
         """``event``, then the lease written to the lease file (dhclient writes it only
@@ -355,11 +368,6 @@ class Dhclient:
         )  # fmt: skip
         return found
 
-    def stop(self) -> None:
-        """End our foreground dhclient by its PID (no RELEASE: the lease stays bound)."""
-        if self.proc is not None:
-            stop_process(self.proc)
-
     def release(self) -> dict[str, str]:
         """``dhclient -r``: sends DHCPRELEASE; the running instance (ours) is stopped first."""
         before = len(self.events.all())
@@ -371,12 +379,13 @@ class Dhclient:
         return self.events.wait("RELEASE", 5.0, after=before, log=self.log)
 
 
-class Dhcpcd:
+class Dhcpcd(_Client):
     """dhcpcd (IPv4 only, no ARP probing, no IPv4LL) in the foreground with a -c script.
 
     dhcpcd keeps its lease and control socket in fixed directories; tmpfs mounts
     in the private mount namespace ``ip netns exec`` gives each command keep them
     out of the host's /var/lib and /run. ``$reason`` as dhclient's (BOUND, ...).
+    SIGUSR1 renews; SIGALRM releases and exits (:meth:`nudge`).
     """
 
     def __init__(self, host: Host, workdir: Path, *, extra: tuple[str, ...] = ()) -> None:
@@ -406,21 +415,6 @@ class Dhcpcd:
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
         return self
-
-    def wait(self, event: str | tuple[str, ...], timeout: float = 10.0, *, after: int = 0):
-        return self.events.wait(event, timeout, after=after, proc=self.proc, log=self.log)
-
-    def signal(self, sig: int) -> int:
-        """Send ``sig`` (SIGUSR1 renews, SIGALRM releases and exits); returns how many
-        events were recorded before it."""
-        assert self.proc is not None and self.proc.poll() is None
-        before = len(self.events.all())
-        self.proc.send_signal(sig)
-        return before
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
 
 
 # -- capture -------------------------------------------------------------------------
