@@ -416,6 +416,18 @@ class Dhcpcd(_Client):
             )  # fmt: skip
         return self
 
+    def stop(self) -> None:
+        """SIGTERM to dhcpcd by its PID; then SIGKILL any of its privilege-separation
+        helpers still in the client's namespace (one made by the lab: all in it is ours),
+        which dhcpcd can leave behind when stopped in the middle of starting one."""
+        super().stop()
+        listed = subprocess.run(["ip", "netns", "pids", self.host.ns], capture_output=True,
+                                text=True, timeout=10)  # fmt: skip
+        for pid in map(int, listed.stdout.split()):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "dhcpcd":
+                    os.kill(pid, signal.SIGKILL)
+
 
 # -- capture -------------------------------------------------------------------------
 
