@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from plugins.dhcp.service import MAX_PROBES
-from tests.support.dhcplab import REPO, DhcpNode, Udhcpc, dropped, stop_process, wait_until
+from tests.support.dhcplab import REPO, DhcpNode, Udhcpc, dropped, read_line, stop_process
 from tests.support.netns import Lab
 
 
@@ -35,7 +35,7 @@ def start_hostile(host, storm_macs: int, max_seconds: float) -> subprocess.Popen
          str(max_seconds)],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    line = wait_until(proc.stdout.readline, 30, "hostile sender ready")  # scapy loads ~1 s
+    line = read_line(proc, 30)  # scapy takes ~1 s to load
     assert line.strip() == "ready", line
     return proc
 

@@ -58,6 +58,16 @@ def wait_until(
         time.sleep(POLL)
 
 
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The child's next stdout line, waited for with a deadline (a bare readline has none).
+    "" at its end of output."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], max(timeout, 0.0))
+    if not ready:
+        raise Timeout(f"pid {proc.pid} printed no line within {timeout:.1f} s")
+    return proc.stdout.readline()
+
+
 def rackboot(*args: str) -> list[str]:
     return [sys.executable, "-m", "appliance", *args]
 
