@@ -9,6 +9,7 @@ the active would. See docs/tftp.md.
 
 from __future__ import annotations
 
+import ipaddress
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,7 +133,7 @@ def server_config(node: Node) -> ServerConfig:
     root = Path(settings.root) if settings.root else node.data_dir / "tftp" / "root"
     return ServerConfig(
         root=root,
-        addresses=tuple(settings.addresses),
+        addresses=tuple(ipaddress.IPv4Address(str(a)) for a in settings.addresses),
         port=settings.port,
         interfaces=tuple(settings.interfaces),
         max_blksize=settings.max_blksize,

@@ -85,6 +85,12 @@ class TftpServer:
         self._clients: set[tuple[Address, str]] = set()  # (client TID, local address)
         self._ifindexes: set[int] = set()
         self.bound: list[Address] = []
+        self._ended = trio.lowlevel.ParkingLot()
+
+    async def wait_idle(self) -> None:
+        """Return once no transfer is running."""
+        while self.stats.active:
+            await self._ended.park()
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._ifindexes = {_ifindex(name) for name in self.config.interfaces}
@@ -150,7 +156,7 @@ class TftpServer:
         packet = encode_error(refusal.code, refusal.message)
         self.stats.errors_sent[refusal.code] += 1
         try:
-            await sock.sendmsg([packet], [(socket.IPPROTO_IP, IP_PKTINFO, info)], peer)
+            await sock.sendmsg([packet], [(socket.IPPROTO_IP, IP_PKTINFO, info)], 0, peer)
         except OSError as exc:
             log.debug("could not send ERROR", client=_fmt(peer), error=str(exc))
 
@@ -168,6 +174,7 @@ class TftpServer:
         finally:
             self.stats.active -= 1
             self._clients.discard((peer, local))
+            self._ended.unpark_all()
 
     async def _serve_request(self, sock, request: Request, peer: Address, local, ifindex) -> None:
         client = Client(ipaddress.IPv4Address(peer[0]), peer[1], ipaddress.IPv4Address(local))
