@@ -266,10 +266,13 @@ class TftpServer:
             stats.malformed += machine.malformed
         # The final batch holds our ERROR when we ended the transfer with one.
         sent_error = bool(batch) and batch[-1][:2] == bytes((0, Opcode.ERROR))
-        self._record(machine.next_event(), sent_error, request, peer, clock() - started)
+        fields = {
+            "client": _fmt(peer), "file": request.filename, "seconds": round(clock() - started, 3),
+            "blksize": options.blksize, "windowsize": options.windowsize, "tsize": options.tsize,
+        }  # fmt: skip
+        self._record(machine.next_event(), sent_error, fields)
 
-    def _record(self, event, sent_error: bool, request: Request, peer: Address, seconds: float):
-        fields = {"client": _fmt(peer), "file": request.filename, "seconds": round(seconds, 3)}
+    def _record(self, event, sent_error: bool, fields: dict[str, Any]) -> None:
         if isinstance(event, TransferComplete):
             self.stats.transfers["complete"] += 1
             log.info("sent", bytes=event.bytes_sent, retransmits=event.retransmits, **fields)
