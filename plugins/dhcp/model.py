@@ -7,6 +7,7 @@ tests build them directly. Addresses are integers on the hot path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from ipaddress import IPv4Address, IPv4Network
 
 
@@ -55,16 +56,26 @@ class Subnet:
     boot_server: IPv4Address | None = None
     boot: BootFiles | None = None  # None: the server's
 
-    @property
+    # Computed once per subnet (the server asks several times per packet); cached_property
+    # stores into the instance dict, which a frozen dataclass without slots allows.
+    @cached_property
     def key(self) -> str:
         return str(self.network)
 
+    @cached_property
+    def _host_range(self) -> tuple[int, int]:
+        """The network and broadcast addresses as integers: hosts lie strictly between."""
+        return int(self.network.network_address), int(self.network.broadcast_address)
+
     def contains(self, address: int) -> bool:
-        net = self.network
-        return int(net.network_address) < address < int(net.broadcast_address)
+        low, high = self._host_range
+        return low < address < high
 
     def in_pool(self, address: int) -> bool:
-        return any(low <= address <= high for low, high in self.pools)
+        for low, high in self.pools:  # noqa: SIM110 - any(<genexpr>) costs 3x more per call
+            if low <= address <= high:
+                return True
+        return False
 
     @property
     def pool_size(self) -> int:

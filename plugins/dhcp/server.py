@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from ipaddress import IPv4Address
 
 from .boot import BootChoice, BootRequest, choose_boot
@@ -54,6 +55,15 @@ from .options import (
 BROADCAST = "255.255.255.255"
 MAX_HOSTNAME = 63
 PROBE_VALID = 60.0  # seconds a clean probe of an address is trusted
+
+# Fetched once: on Python 3.11 an enum attribute lookup (Opt.SERVER_ID) costs ~0.1 µs,
+# and the reply path makes dozens of them per packet.
+_OFFER, _ACK, _NAK = MessageType.OFFER, MessageType.ACK, MessageType.NAK
+_MESSAGE_TYPE, _SERVER_ID = int(Opt.MESSAGE_TYPE), int(Opt.SERVER_ID)
+_REQUESTED_IP, _CLIENT_ID = int(Opt.REQUESTED_IP), int(Opt.CLIENT_ID)
+_RELAY_AGENT_INFO, _USER_CLASS = int(Opt.RELAY_AGENT_INFO), int(Opt.USER_CLASS)
+_KIND_OPTION = {kind: bytes([kind]) for kind in MessageType}  # option 53 values
+_ZERO = IPv4Address(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +124,7 @@ class DhcpServer:
         self._reserved = {r.address for r in config.reservations}
         self._cursor = {s.key: _PoolCursor(s) for s in config.subnets}
         self._static = {s.key: _subnet_options(s, config) for s in config.subnets}
+        self._lease_options = {s.key: _lease_options(s, config) for s in config.subnets}
         self._subnet_cache: dict[tuple[str, int], Subnet | None] = {}
 
     # -- the entry point ----------------------------------------------------
@@ -189,23 +200,23 @@ class DhcpServer:
         self._offer_of[client] = address
         if reservation is None and self.config.probe and self._needs_probe(address, client, now):
             return Outcome(probe=address)  # held for this client while the shell probes
-        reply = self._reply(msg, arrival, subnet, MessageType.OFFER, address, reservation, now)
+        reply = self._reply(msg, arrival, subnet, _OFFER, address, reservation, now)
         return Outcome(replies=[reply])
 
     def _request(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
         client = _client_key(msg)
-        server_id = msg.server_id
-        requested = msg.requested_ip
+        server_id = _option_ip(msg, _SERVER_ID)
+        requested = _option_ip(msg, _REQUESTED_IP)
         ciaddr = int(msg.ciaddr)
         if server_id is not None:  # SELECTING: the client answers someone's offer
-            if int(server_id) != self._server_id(arrival):
+            if server_id != self._server_id(arrival):
                 self._forget_offer_of(client)
                 return Outcome(dropped="chose-another-server")
             if requested is None:
                 return Outcome(dropped="selecting-without-address")
-            address = int(requested)
+            address = requested
         elif requested is not None and ciaddr == 0:  # INIT-REBOOT
-            address = int(requested)
+            address = requested
         elif ciaddr:  # RENEWING (unicast) or REBINDING (broadcast)
             address = ciaddr
         else:
@@ -234,7 +245,7 @@ class DhcpServer:
         )  # fmt: skip
         self.leases.apply(lease)
         self._forget_offer_of(client)
-        reply = self._reply(msg, arrival, subnet, MessageType.ACK, address, reservation, now, lease)
+        reply = self._reply(msg, arrival, subnet, _ACK, address, reservation, now, lease)
         return Outcome(replies=[reply], commits=[lease])
 
     def _decline(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
@@ -319,9 +330,9 @@ class DhcpServer:
         previous = self.leases.of_client(client)
         if previous is not None and previous.subnet == subnet.key and usable(previous.address):
             return previous.address
-        requested = msg.requested_ip
-        if requested is not None and usable(int(requested)):
-            return int(requested)
+        requested = _option_ip(msg, _REQUESTED_IP)
+        if requested is not None and usable(requested):
+            return requested
         return self._cursor[subnet.key].next_free(
             lambda a: self.leases.get(a) is None and usable(a), usable
         )
@@ -388,28 +399,22 @@ class DhcpServer:
         now: float,
         lease: Lease | None = None,
     ) -> Reply:
-        config = self.config
+        server_id = self._server_id(arrival)
         options: dict[int, bytes] = {
-            Opt.MESSAGE_TYPE: bytes([kind]),
-            Opt.SERVER_ID: encode_u32(self._server_id(arrival)),
+            _MESSAGE_TYPE: _KIND_OPTION[kind],
+            _SERVER_ID: encode_u32(server_id),
         }
-        if address:  # an OFFER or the ACK of a lease (not an INFORM)
-            lease_time = subnet.lease_time or config.lease_time
-            options[Opt.LEASE_TIME] = encode_u32(lease_time)
-            options[Opt.RENEWAL_TIME] = encode_u32(lease_time // 2)
-            options[Opt.REBINDING_TIME] = encode_u32(lease_time * 7 // 8)
+        if address:  # an OFFER or the ACK of a lease (not an INFORM): 51, 58, 59
+            options.update(self._lease_options[subnet.key])
         options.update(self._static[subnet.key])
         if reservation is not None and reservation.hostname:
             options[Opt.HOSTNAME] = encode_str(reservation.hostname)
-        boot_server = (
-            subnet.boot_server or config.boot_server or IPv4Address(self._server_id(arrival))
-        )
-        boot = self._boot(msg, subnet, boot_server, reservation)
         reply = Message(
             BOOTREPLY, msg.htype, msg.hlen, 0, msg.xid, 0, msg.flags,
-            msg.ciaddr if kind is MessageType.ACK else IPv4Address(0),
-            IPv4Address(address), IPv4Address(0), msg.giaddr, msg.chaddr, options=options,
+            msg.ciaddr if kind is _ACK else _ZERO,
+            IPv4Address(address), _ZERO, msg.giaddr, msg.chaddr, options=options,
         )  # fmt: skip
+        boot = self._boot(msg, subnet, server_id, reservation)
         if boot is not None:
             reply.siaddr = boot.server
             options[Opt.TFTP_SERVER_NAME] = encode_str(str(boot.server))
@@ -419,8 +424,9 @@ class DhcpServer:
             encoded = boot.file.encode()
             if len(encoded) < 128:
                 reply.file = encoded
-        if msg.relay_agent_info is not None:
-            options[Opt.RELAY_AGENT_INFO] = msg.relay_agent_info
+        relay_agent_info = msg.options.get(_RELAY_AGENT_INFO)
+        if relay_agent_info is not None:
+            options[_RELAY_AGENT_INFO] = relay_agent_info
         self.policy.reply_options(msg, reply, lease)
         try:
             payload = build(reply, max_size=msg.max_message_size or 576)
@@ -434,16 +440,14 @@ class DhcpServer:
         self,
         msg: Message,
         subnet: Subnet,
-        server: IPv4Address,
+        server_id: int,
         reservation: Reservation | None,
     ) -> BootChoice | None:
         vendor = msg.vendor_class or b""
         request = _boot_request(msg, subnet)
-        if (
-            not vendor.startswith((b"PXEClient", b"HTTPClient"))
-            and Opt.USER_CLASS not in msg.options
-        ):
+        if not vendor.startswith((b"PXEClient", b"HTTPClient")) and _USER_CLASS not in msg.options:
             return self.policy.boot(request, None)  # an OS client: no boot answer by default
+        server = subnet.boot_server or self.config.boot_server or IPv4Address(server_id)
         files = subnet.boot or self.config.boot
         default = choose_boot(request, files, server, reservation.boot_file if reservation else "")
         return self.policy.boot(request, default)
@@ -453,7 +457,7 @@ class DhcpServer:
     ) -> tuple[str, int, bytes | None]:
         """RFC 2131 §4.1, in its order."""
         if int(msg.giaddr):
-            return str(msg.giaddr), self.config.server_port, None
+            return _text(msg.giaddr), self.config.server_port, None
         if arrival.loopback:
             return arrival.source[0], arrival.source[1], None
         if nak:
@@ -505,9 +509,21 @@ class _PoolCursor:
         return None
 
 
+def _option_ip(msg: Message, code: int) -> int | None:
+    """An address option as an integer (parse_untrusted checked it is 4 bytes long)."""
+    value = msg.options.get(code)
+    return None if value is None else int.from_bytes(value, "big")
+
+
+@lru_cache(maxsize=256)
+def _text(address: IPv4Address) -> str:
+    """Dotted quad of a relay's address: ``str()`` of an IPv4Address costs ~1 µs."""
+    return str(address)
+
+
 def _client_key(msg: Message) -> bytes:
     """Option 61 when sent, else hardware type + address (RFC 2131 §4.2)."""
-    client_id = msg.options.get(Opt.CLIENT_ID)
+    client_id = msg.options.get(_CLIENT_ID)
     return client_id if client_id is not None else bytes([msg.htype]) + msg.chaddr[: msg.hlen]
 
 
@@ -542,6 +558,16 @@ def _link_selection(relay_info: bytes | None) -> IPv4Address | None:
             return IPv4Address(value)
         i += 2 + length
     return None
+
+
+def _lease_options(subnet: Subnet, config: ServerConfig) -> dict[int, bytes]:
+    """Lease time, T1 and T2 (options 51, 58, 59) of the subnet, encoded once."""
+    lease_time = subnet.lease_time or config.lease_time
+    return {
+        Opt.LEASE_TIME: encode_u32(lease_time),
+        Opt.RENEWAL_TIME: encode_u32(lease_time // 2),
+        Opt.REBINDING_TIME: encode_u32(lease_time * 7 // 8),
+    }
 
 
 def _subnet_options(subnet: Subnet, config: ServerConfig) -> dict[int, bytes]:
