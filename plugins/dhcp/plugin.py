@@ -142,6 +142,9 @@ class _HookPolicy(Policy):
         chosen = _guarded(self.hook.dhcp_boot_selection, None, request=request, default=default)
         return default if chosen is None else chosen
 
+    def boots_any_client(self) -> bool:
+        return bool(self.hook.dhcp_boot_selection.get_hookimpls())
+
     def reply_options(self, request: Message, reply: Message, lease: Lease | None) -> None:
         _guarded(self.hook.dhcp_reply_options, None, request=request, reply=reply, lease=lease)
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from ipaddress import IPv4Address
+from typing import NamedTuple
 
 from .boot import BootChoice, BootRequest, choose_boot
 from .codec import (
@@ -66,9 +67,12 @@ _KIND_OPTION = {kind: bytes([kind]) for kind in MessageType}  # option 53 values
 _ZERO = IPv4Address(0)
 
 
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    """Where a datagram came in (from ``IP_PKTINFO`` and ``recvmsg``)."""
+class Arrival(NamedTuple):
+    """Where a datagram came in (from ``IP_PKTINFO`` and ``recvmsg``).
+
+    A named tuple rather than a frozen dataclass: one is made per datagram, and
+    it builds in a quarter of the time.
+    """
 
     interface: str
     local: int  # our address on that interface (the reply source, the server identifier)
@@ -103,6 +107,12 @@ class Policy:
 
     def boot(self, request: BootRequest, default: BootChoice | None) -> BootChoice | None:
         return default
+
+    def boots_any_client(self) -> bool:
+        """May :meth:`boot` answer a client that does not ask to boot? If not, the server
+        skips building its :class:`BootRequest` (~2 µs a packet). True whenever a
+        subclass overrides :meth:`boot`, unless it says otherwise."""
+        return type(self).boot is not Policy.boot
 
     def reply_options(self, request: Message, reply: Message, lease: Lease | None) -> None:
         pass
@@ -444,9 +454,12 @@ class DhcpServer:
         reservation: Reservation | None,
     ) -> BootChoice | None:
         vendor = msg.vendor_class or b""
-        request = _boot_request(msg, subnet)
         if not vendor.startswith((b"PXEClient", b"HTTPClient")) and _USER_CLASS not in msg.options:
-            return self.policy.boot(request, None)  # an OS client: no boot answer by default
+            # An OS client: no boot answer by default, and no request to build for nobody.
+            if not self.policy.boots_any_client():
+                return None
+            return self.policy.boot(_boot_request(msg, subnet), None)
+        request = _boot_request(msg, subnet)
         server = subnet.boot_server or self.config.boot_server or IPv4Address(server_id)
         files = subnet.boot or self.config.boot
         default = choose_boot(request, files, server, reservation.boot_file if reservation else "")
@@ -530,7 +543,9 @@ def _client_key(msg: Message) -> bytes:
 def _hostname(msg: Message, reservation: Reservation | None) -> str:
     if reservation is not None and reservation.hostname:
         return reservation.hostname
-    name = msg.hostname or ""
+    name = msg.hostname
+    if not name:
+        return ""
     return "".join(c for c in name if c.isalnum() or c in "-_.")[:MAX_HOSTNAME]
 
 
