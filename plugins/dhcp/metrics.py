@@ -52,6 +52,9 @@ class DhcpMetrics:
             "rackboot_dhcp_probes", "Conflict probes, by result", ["result"], registry=registry
         )
         self._children: dict[tuple[str, str], Counter] = {}
+        # By message type itself, per packet: kind.name.lower() costs ~0.3 µs on 3.11.
+        self._received_by_kind: dict[MessageType | None, Counter] = {}
+        self._sent_by_kind: dict[MessageType, Counter] = {}
         self.totals = {"received": 0, "sent": 0, "dropped": 0}
         registry.register(_PoolCollector(server, clock))
 
@@ -64,15 +67,23 @@ class DhcpMetrics:
 
     def count(self, outcome: Outcome, *, received: bool = True) -> None:
         if received:
-            kind = outcome.received.name.lower() if outcome.received else "none"
-            self._child(self._received, "received", kind).inc()
+            child = self._received_by_kind.get(outcome.received)
+            if child is None:
+                kind = outcome.received.name.lower() if outcome.received else "none"
+                child = self._received_by_kind[outcome.received] = self._child(
+                    self._received, "received", kind
+                )
+            child.inc()
             self.totals["received"] += 1
         if outcome.dropped is not None:
             self._child(self._dropped, "dropped", outcome.dropped).inc()
             self.totals["dropped"] += 1
 
     def sent(self, kind: MessageType) -> None:
-        self._child(self._sent, "sent", kind.name.lower()).inc()
+        child = self._sent_by_kind.get(kind)
+        if child is None:
+            child = self._sent_by_kind[kind] = self._child(self._sent, "sent", kind.name.lower())
+        child.inc()
         self.totals["sent"] += 1
 
     def send_failed(self, exc: OSError) -> None:
