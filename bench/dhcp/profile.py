@@ -30,7 +30,7 @@ PY_SPY_RATE = 200  # samples per second
 AREAS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern))
     for name, pattern in (
-        ("service: receive loop, all it calls", r"\b_receive \(plugins/dhcp/service\.py"),
+        ("service: receive loop, all it calls", r"\b_(receive|drain) \(plugins/dhcp/service\.py"),
         ("server: DhcpServer.handle", r"\bDhcpServer\.handle \(plugins/dhcp/server\.py"),
         ("codec: parse_untrusted", r"\bparse_untrusted \(plugins/dhcp/codec\.py"),
         ("server: _discover", r"\b_discover \(plugins/dhcp/server\.py"),
@@ -44,7 +44,6 @@ AREAS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("metrics (ours and prometheus_client)", r"plugins/dhcp/metrics\.py|prometheus_client/"),
         ("journal: GroupCommitter.flush (trio side)", r"\bGroupCommitter\.flush \(appliance/journal"),
         ("trio: to_thread machinery", r"trio/_threads\.py|trio/_core/_thread_cache\.py"),
-        ("trio: run loop outside our tasks", r"^unrolled_run \(trio/_core/_run\.py"),
     )
 )  # fmt: skip
 
@@ -59,6 +58,7 @@ WAITS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )  # fmt: skip
 
+_OURS = re.compile(r"\((plugins/|appliance/journal\.py)")
 _FRAME_LINE = re.compile(r"^(?P<func>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -151,17 +151,21 @@ def summarize_collapsed(stacks: Counter[tuple[str, ...]], top: int = 25) -> str:
     )
     areas: Counter[str] = Counter()
     self_time: Counter[str] = Counter()
+    outside = 0  # trio's scheduler, epoll bookkeeping, thread hand-offs: none of our frames
     for frames, n in busy.items():
         self_time[frames[-1] if frames else "(no Python frame)"] += n
         for name, pattern in AREAS:
             if any(pattern.search(f) for f in frames):
                 areas[name] += n
+        if not any(_OURS.search(f) for f in frames):
+            outside += n
 
     def pct(n: int) -> str:
         return f"{100.0 * n / total:5.1f}%"
 
     out.append("areas (inclusive; nested ones overlap):")
     out += [f"  {pct(areas[name])}  {name}" for name, _ in AREAS if areas[name]]
+    out.append(f"  {pct(outside)}  outside our code (trio scheduling and I/O bookkeeping)")
     out.append(f"top {top} source lines by self time:")
     out += [f"  {pct(n)}  {frame}" for frame, n in self_time.most_common(top)]
     return "\n".join(out)
