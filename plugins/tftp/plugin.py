@@ -109,6 +109,11 @@ SECTION = Section(
             default=8.0,
             doc="Retransmission timeouts double up to this many seconds.",
         ),
+        "busy_poll_us": Field(
+            Int(min=0, max=10_000),
+            default=200,
+            doc="While one transfer runs alone, poll for its ACK this long before sleeping (0: never).",
+        ),
     },
 )
 
@@ -142,6 +147,7 @@ def server_config(node: Node) -> ServerConfig:
         retries=settings.retries,
         timeout=settings.timeout,
         max_timeout=settings.max_timeout,
+        busy_poll=settings.busy_poll_us / 1e6,
     )
 
 

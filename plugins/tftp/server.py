@@ -15,6 +15,7 @@ import math
 import os
 import socket
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,7 @@ class ServerConfig:
     retries: int = 5
     timeout: float = 1.0
     max_timeout: float = 8.0
+    busy_poll: float = 0.0  # seconds a lone transfer polls for its ACK before parking
 
 
 class TftpServer:
@@ -226,44 +228,12 @@ class TftpServer:
             source.read, source.size, options, started, netascii=netascii,
             retries=cfg.retries, initial_timeout=cfg.timeout, max_timeout=cfg.max_timeout,
         )  # fmt: skip
-        need = options.blksize * options.windowsize
-        buf = bytearray(ACK_BUFFER)
-        view = memoryview(buf)
-        stats = self.stats
-        streak = 0
         try:
-            while True:
-                await source.prefetch(need)
-                batch = machine.datagrams_to_send(clock())
-                for datagram in batch:
-                    await _send(sock, datagram, peer)
-                if machine.done:
-                    break
-                try:
-                    n, sender = sock.recvfrom_into(buf)
-                except BlockingIOError:
-                    streak = 0
-                    with trio.move_on_at(machine.get_timer() or math.inf):
-                        await trio.lowlevel.wait_readable(sock)
-                        continue
-                    machine.handle_timer(clock())
-                    continue
-                streak += 1
-                if streak >= YIELD_EVERY:
-                    streak = 0
-                    await trio.lowlevel.checkpoint()
-                if sender != peer:
-                    stats.unknown_tid += 1
-                    stats.errors_sent[ErrorCode.UNKNOWN_TID] += 1
-                    _send_now(
-                        sock, encode_error(ErrorCode.UNKNOWN_TID, "unknown transfer ID"), sender
-                    )
-                    continue
-                machine.receive_datagram(bytes(view[:n]), clock())
+            batch = await self._drive(sock, machine, peer, source, options)
         finally:
-            stats.bytes_sent += machine.bytes_sent
-            stats.retransmits += machine.retransmits
-            stats.malformed += machine.malformed
+            self.stats.bytes_sent += machine.bytes_sent
+            self.stats.retransmits += machine.retransmits
+            self.stats.malformed += machine.malformed
         # The final batch holds our ERROR when we ended the transfer with one.
         sent_error = bool(batch) and batch[-1][:2] == bytes((0, Opcode.ERROR))
         fields = {
@@ -271,6 +241,54 @@ class TftpServer:
             "blksize": options.blksize, "windowsize": options.windowsize, "tsize": options.tsize,
         }  # fmt: skip
         self._record(machine.next_event(), sent_error, fields)
+
+    async def _drive(self, sock, machine: ReadTransfer, peer, source: Source, options) -> list:
+        """Feed ``machine`` until it is done; returns the last batch it sent.
+
+        The hot path: one cancel scope serves as the retransmission timer for as
+        long as it does not fire (its deadline follows ``get_timer()``), and a
+        datagram already queued is read without parking the task.
+        """
+        clock, stats, busy_poll = trio.current_time, self.stats, self.config.busy_poll
+        need = options.blksize * options.windowsize
+        buf = bytearray(ACK_BUFFER)
+        view = memoryview(buf)
+        streak = 0
+        while True:
+            with trio.CancelScope() as timer:
+                while True:
+                    if source.short_of(need):
+                        await source.prefetch(need)
+                    batch = machine.datagrams_to_send(clock())
+                    for datagram in batch:
+                        try:
+                            sock.sendto(datagram, peer)
+                        except OSError:
+                            await _send(sock, datagram, peer)  # waits for room, or logs
+                    if machine.done:
+                        return batch
+                    timer.deadline = machine.get_timer() or math.inf
+                    try:
+                        n, sender = sock.recvfrom_into(buf)
+                    except BlockingIOError:
+                        got = _poll(sock, buf, busy_poll) if stats.active == 1 else None
+                        if got is None:
+                            streak = 0
+                            await trio.lowlevel.wait_readable(sock)
+                            continue
+                        n, sender = got
+                    streak += 1
+                    if streak >= YIELD_EVERY:
+                        streak = 0
+                        await trio.lowlevel.checkpoint()
+                    if sender == peer:
+                        machine.receive_datagram(bytes(view[:n]), clock())
+                    else:
+                        stats.unknown_tid += 1
+                        stats.errors_sent[ErrorCode.UNKNOWN_TID] += 1
+                        error = encode_error(ErrorCode.UNKNOWN_TID, "unknown transfer ID")
+                        _send_now(sock, error, sender)
+            machine.handle_timer(clock())
 
     def _record(self, event, sent_error: bool, fields: dict[str, Any]) -> None:
         if isinstance(event, TransferComplete):
@@ -310,6 +328,20 @@ def _destination(ancdata: list, fallback: str) -> tuple[str, int]:
             ifindex, spec_dst, _addr = _PKTINFO.unpack_from(data)
             return socket.inet_ntoa(spec_dst), ifindex
     return fallback, 0
+
+
+def _poll(sock: socket.socket, buf: bytearray, seconds: float) -> tuple[int, Address] | None:
+    """Poll a socket for up to ``seconds`` before parking: an ACK is usually one round
+    trip away, and on a VM a vCPU that halts meanwhile is slow to wake."""
+    if seconds <= 0:
+        return None
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        try:
+            return sock.recvfrom_into(buf)
+        except BlockingIOError:
+            pass
+    return None
 
 
 def _send_now(sock: socket.socket, datagram: bytes, peer: Address) -> None:

@@ -46,12 +46,15 @@ class Source:
         self._pos = offset + len(chunk)
         return chunk
 
+    def short_of(self, need: int) -> bool:
+        """Fewer than ``need`` bytes past the read position are buffered (and the file has more)."""
+        return self._fd is not None and self._buf_at + len(self._buf) < min(
+            self._pos + need, self.size
+        )
+
     async def prefetch(self, need: int) -> None:
         """Buffer at least ``need`` bytes past the read position (or up to the end)."""
-        if self._fd is None:
-            return
-        buffered_to = self._buf_at + len(self._buf)
-        if buffered_to >= min(self._pos + need, self.size):
+        if not self.short_of(need):
             return
         pos, length = self._pos, max(need, CHUNK)
         try:

@@ -1,0 +1,3 @@
+from bench.tftp.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""``python -m bench.tftp``: a 64 MiB TFTP download, Rackboot vs tftpd-hpa and atftpd, same run.
+
+Scenarios (bench/README.md): ``single`` (atftp, blksize 1468, lock-step) Rackboot
+vs tftpd-hpa; ``window`` (atftp, blksize 1468, windowsize 16) Rackboot vs atftpd;
+``concurrent`` (N curl clients at once, blksize 1468) Rackboot vs tftpd-hpa. All
+servers run at once in one namespace, pinned to one vCPU, each on its own port;
+the transfers of one repeat alternate between them (the order flips every repeat)
+so drifting background load hits both alike. Every download is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.dhcp.system import LowLatency, OtherCPU, cpu_model, cpuidle_driver, missing_packages
+from bench.tftp.servers import CLIENT_PACKAGES, PORTS, Server, apt, atftpd_binary, client_argv
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = {  # name: (client, windowsize, peer)
+    "single": ("atftp", 1, "tftpd-hpa"),
+    "window": ("atftp", 16, "atftpd"),
+    "concurrent": ("curl", 1, "tftpd-hpa"),
+}
+MIB = 1 << 20
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.tftp", description=__doc__.splitlines()[0])
+    p.add_argument("--size-mib", type=int, default=64, help="file size (default 64)")
+    p.add_argument("--repeats", type=int, default=5, help="runs per server and scenario (5)")
+    p.add_argument("--scenarios", default="single,window,concurrent", help="which, in order")
+    p.add_argument("--concurrency", default="20,50", help="client counts for 'concurrent'")
+    p.add_argument("--lowlat", action=argparse.BooleanOptionalAction, default=True,
+                   help="hold /dev/cpu_dma_latency at 0 during the run (default on)")  # fmt: skip
+    p.add_argument("--server-cpu", default="0", help="taskset CPU list of every server (0)")
+    p.add_argument("--client-cpu", default="1", help="taskset CPU list of the clients (1)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take")
+    p.add_argument("--json", nargs="?", const="", default=None, help="save to bench/results/")
+    return p.parse_args(argv)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(MIB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Bench:
+    def __init__(self, args, srv, cli, root: Path, dl: Path, digest: str) -> None:
+        self.args, self.srv, self.cli, self.root, self.dl, self.digest = (
+            args,
+            srv,
+            cli,
+            root,
+            dl,
+            digest,
+        )
+
+    def run(self, server: str, client: str, window: int, n: int) -> float:
+        """Wall seconds for ``n`` simultaneous downloads; every file checked."""
+        dests = [self.dl / f"{server}-{i}" for i in range(n)]
+        argvs = [client_argv(client, self.srv, PORTS[server], "big.bin", d, window) for d in dests]
+        t0 = time.monotonic()
+        procs = [self.cli.popen(["taskset", "-c", self.args.client_cpu, *a], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT) for a in argvs]  # fmt: skip
+        failures = []
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(
+                    timeout=max(1.0, t0 + self.args.timeout - time.monotonic())
+                )
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate(timeout=10)
+            if proc.returncode != 0:
+                failures.append(f"rc {proc.returncode}: {out.decode(errors='replace')[-200:]}")
+        wall = time.monotonic() - t0
+        for d in dests:
+            if not failures and sha256(d) != self.digest:
+                failures.append(f"{d.name}: content differs")
+            d.unlink(missing_ok=True)
+        if failures:
+            raise RuntimeError(f"{server}: {len(failures)} failed: {failures[0]}")
+        return wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench.tftp must run as root (namespaces, apt-get, port 69)", file=sys.stderr)
+        return 2
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        print(f"unknown scenarios: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    wanted = CLIENT_PACKAGES + ["tftpd-hpa"]
+    missing = missing_packages(wanted)
+    if missing and apt("install", "-y", "--no-install-recommends", *missing).returncode != 0:
+        apt("update")
+        apt("install", "-y", "--no-install-recommends", *missing)
+    atftpd_binary()
+    from tests.support.netns import Lab
+
+    work = Path(tempfile.mkdtemp(prefix="rackboot-bench-tftp-"))
+    shm = Path(tempfile.mkdtemp(prefix="rackboot-bench-tftp-", dir="/dev/shm"))
+    os.chmod(work, 0o755)
+    root, dl = work / "root", shm / "dl"
+    root.mkdir(mode=0o755)
+    dl.mkdir()
+    size = args.size_mib * MIB
+    with (root / "big.bin").open("wb") as f:
+        for _ in range(args.size_mib):
+            f.write(os.urandom(MIB))
+    digest = sha256(root / "big.bin")
+    servers = {name: Server(name, port) for name, port in PORTS.items()}
+    results: dict[str, dict] = {}
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    try:
+        with LowLatency(args.lowlat) as lowlat, Lab(prefix="rbt") as lab:
+            srv, cli = lab.add_host("srv"), lab.add_host("cli")
+            for server in servers.values():
+                server.start(srv, root, work, args.server_cpu)
+            bench = Bench(args, srv, cli, root, dl, digest)
+            print(
+                f"bench.tftp {stamp}: {args.size_mib} MiB, blksize 1468, median of {args.repeats}"
+            )
+            print(f"env: cpu={cpu_model()} vcpus={os.cpu_count()} cpuidle={cpuidle_driver()} "
+                  f"python={sys.version.split()[0]} lowlat={lowlat.label} "
+                  f"server cpu {args.server_cpu}, client cpu {args.client_cpu}")  # fmt: skip
+            for scenario in scenarios:
+                client, window, peer = SCENARIOS[scenario]
+                counts = (
+                    [int(n) for n in args.concurrency.split(",")]
+                    if scenario == "concurrent"
+                    else [1]
+                )
+                for n in counts:
+                    label = f"{scenario}-{n}" if scenario == "concurrent" else scenario
+                    pair = ["rackboot", peer]
+                    for name in pair:  # warm-up, unmeasured: page cache, first fork
+                        bench.run(name, client, window, 1)
+                    runs: dict[str, list[float]] = {name: [] for name in pair}
+                    others = OtherCPU(lab.namespaces)
+                    others.start()
+                    for i in range(args.repeats):
+                        for name in pair if i % 2 == 0 else pair[::-1]:
+                            runs[name].append(bench.run(name, client, window, n))
+                    busy, hogs = others.stop()
+                    results[label] = report(label, client, window, n, size, runs, busy, hogs)
+    finally:
+        for server in servers.values():
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+    if args.json is not None:
+        path = Path(args.json) if args.json else REPO / "bench" / "results" / f"tftp-{stamp}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps({"time": stamp, "args": vars(args), "results": results}, indent=2)
+        )
+        print(f"results: {path}")
+    return 0
+
+
+def report(label, client, window, n, size, runs, busy, hogs) -> dict:
+    rb, peer = list(runs)
+    med = {name: statistics.median(ts) for name, ts in runs.items()}
+    rate = {name: n * size / MIB / t for name, t in med.items()}
+    print(f"\n## {label}: {n} x {client}, windowsize {window}")
+    for name in runs:
+        listed = ", ".join(f"{t:.2f}" for t in runs[name])
+        print(f"{name:10} median {med[name]:7.2f} s  {rate[name]:7.1f} MiB/s  runs [{listed}]")
+    ratio = rate[rb] / rate[peer]
+    print(
+        f"rackboot / {peer} = {ratio:.2f}x"
+        + (f"   [others used {busy:.0f}% CPU: {', '.join(hogs)}]" if busy >= 10 else "")
+    )
+    return {
+        "runs": runs,
+        "median_s": med,
+        "mib_per_s": rate,
+        "ratio": ratio,
+        "others_cpu_pct": busy,
+    }

@@ -1,0 +1,119 @@
+"""The TFTP servers and clients of bench.tftp: how each is installed, started and run."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.netns import Host
+
+APT_TIMEOUT = 900.0
+CACHE = Path("/var/cache/rackboot-bench")  # atftpd unpacked here (it conflicts with tftpd-hpa)
+CLIENT_PACKAGES = ["atftp", "curl", "util-linux"]  # util-linux: taskset
+PORTS = {"rackboot": 69, "tftpd-hpa": 1069, "atftpd": 2069}
+
+
+def apt(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    return subprocess.run(["apt-get", *args], capture_output=True, text=True, env=env,
+                          timeout=APT_TIMEOUT)  # fmt: skip
+
+
+def atftpd_binary(log=print) -> str:
+    """atftpd from its .deb, unpacked (not installed: the package conflicts with tftpd-hpa)."""
+    found = shutil.which("atftpd") or next(iter(glob.glob(f"{CACHE}/atftpd/usr/sbin/atftpd")), None)
+    if found:
+        return found
+    log("unpacking Debian's atftpd into " + str(CACHE))
+    (CACHE / "atftpd").mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["apt-get", "download", "atftpd"], cwd=CACHE, capture_output=True,
+                         text=True, timeout=APT_TIMEOUT)  # fmt: skip
+    if res.returncode != 0:
+        apt("update")
+        subprocess.run(
+            ["apt-get", "download", "atftpd"], cwd=CACHE, check=True, timeout=APT_TIMEOUT
+        )
+    deb = sorted(CACHE.glob("atftpd_*.deb"))[-1]
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(CACHE / "atftpd")], check=True, timeout=60)
+    return str(CACHE / "atftpd" / "usr" / "sbin" / "atftpd")
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    proc: subprocess.Popen | None = None
+
+    def argv(self, host: Host, root: Path, work: Path) -> list[str]:
+        addr = host.addr
+        if self.name == "tftpd-hpa":
+            return ["in.tftpd", "--foreground", "--address", f"{addr}:{self.port}", "--secure",
+                    "--user", "root", "--blocksize", "65464", str(root)]  # fmt: skip
+        if self.name == "atftpd":
+            return [atftpd_binary(), "--daemon", "--no-fork", "--bind-address", addr,
+                    "--port", str(self.port), "--user", "root.root", "--maxthread", "200",
+                    "--logfile", str(work / "atftpd.log"), str(root)]  # fmt: skip
+        config = work / "rackboot.toml"
+        config.write_text(
+            # Only the tftp plugin: the others' services would share its vCPU.
+            f'[plugins]\ndisabled = ["dhcp"]\n'
+            f'[node]\nname = "bench"\ndata_dir = "{work / "data"}"\n'
+            f'[tftp]\naddresses = ["{addr}"]\nport = {self.port}\nroot = "{root}"\n'
+            "max_transfers = 1000\n"
+        )
+        return [sys.executable, "-m", "appliance", "--log-level", "warning", "run",
+                "--config", str(config)]  # fmt: skip
+
+    def start(self, host: Host, root: Path, work: Path, cpu: str) -> None:
+        log = (work / f"{self.name}.log").open("w")
+        argv = ["taskset", "-c", cpu, *self.argv(host, root, work)]
+        self.proc = host.popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               env={**os.environ, "XDG_DATA_HOME": str(work / "xdg")})  # fmt: skip
+        if self.name == "rackboot":
+            self._wait_rackboot(host, work)
+        else:
+            time.sleep(0.5)  # the peers say nothing when ready; the probe transfer checks them
+        if self.proc.poll() is not None:
+            raise RuntimeError(
+                f"{self.name} exited: {(work / f'{self.name}.log').read_text()[-800:]}"
+            )
+
+    def _wait_rackboot(self, host: Host, work: Path) -> None:
+        sock = work / "data" / "control.sock"
+        for _ in range(300):
+            res = host.run([sys.executable, "-m", "appliance", "status", "--json", "--socket",
+                            str(sock)], timeout=10)  # fmt: skip
+            if res.returncode == 0 and json.loads(res.stdout).get("tftp", {}).get("listening"):
+                return
+            if self.proc and self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"rackboot not ready: {(work / 'rackboot.log').read_text()[-800:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def client_argv(
+    kind: str, server: Host, port: int, name: str, dest: Path, window: int
+) -> list[str]:
+    if kind == "atftp":
+        opts = ["--option", "blksize 1468", "--option", "tsize 0"]
+        if window > 1:
+            opts += ["--option", f"windowsize {window}"]
+        return ["atftp", *opts, "-g", "-r", name, "-l", str(dest), server.addr, str(port)]
+    return ["curl", "-sS", "--fail", "--tftp-blksize", "1468", "-o", str(dest),
+            f"tftp://{server.addr}:{port}/{name}"]  # fmt: skip
