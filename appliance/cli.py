@@ -9,7 +9,7 @@ from typing import Any
 
 from appliance import __version__, control
 from appliance.api import CliCommand
-from appliance.errors import EXIT_OK, RackbootError
+from appliance.errors import EXIT_OK, AlreadyRunning, RackbootError, Unreachable
 from appliance.loader import ConfigSource, load, resolve_source
 from appliance.logs import get_logger, setup_logging
 from appliance.pluginmanager import build_plugin_manager, call_each
@@ -75,6 +75,7 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
 
     metrics = with_query(with_config(sub.add_parser("metrics", help="print Prometheus metrics")))
     metrics.set_defaults(func=cmd_metrics)
+    add_cluster_commands(sub, with_config)
 
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): sub}
     for command in extra:
@@ -169,6 +170,7 @@ def format_status(status: dict[str, Any]) -> str:
     ]
     for name, state in sorted(core.get("services", {}).items()):
         lines.append(f"  service {name}: {state}")
+    lines.extend(format_cluster(core.get("cluster") or {}))
     for plugin, info in sorted(status.items()):
         if plugin == "core":
             continue
@@ -218,6 +220,144 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
     for name in pm.disabled:
         print(f"{name}  (disabled)")
     return EXIT_OK
+
+
+# -- rackboot cluster ... (appliance/cluster, docs/cluster.md) ---------------------
+
+
+def add_cluster_commands(sub, with_config) -> None:
+    cluster = sub.add_parser("cluster", help="cluster membership: init, token, join, remove")
+    actions = cluster.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
+    for name, help_text in (
+        ("init", "create a new cluster with this node as its CA holder; prints a join token"),
+        ("token", "print a new one-time join token (on the CA holder)"),
+        ("join", "enrol this node in a cluster with a token from `rackboot cluster token`"),
+        ("remove", "revoke a member (node id or name); every member refuses it from then on"),
+    ):
+        p = with_query(with_config(actions.add_parser(name, help=help_text)))
+        if name == "join":
+            p.add_argument("token", metavar="TOKEN")
+        if name == "remove":
+            p.add_argument("node", metavar="NODE")
+        p.set_defaults(func=cmd_cluster)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """Through the running node (it starts serving at once); without one, on the files directly."""
+    action = args.cluster_command
+    request = {k: getattr(args, k) for k in ("token", "node") if hasattr(args, k)}
+    config = None
+    if args.socket is not None:
+        path = args.socket
+    else:
+        config, _ = load(resolve_source(args.config, args.dev), args.disable_plugin)
+        path = config.node.control_socket or f"{config.node.data_dir}/control.sock"
+    try:
+        result = control.call(path, f"cluster.{action}", request, timeout=30)
+    except Unreachable:
+        if config is None:
+            raise
+        result = _cluster_offline(config, action, request)
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    elif action == "init":
+        print(
+            f"created cluster {result['cluster_id']}; this node is {result['node_id']} (CA holder)"
+        )
+        print(f"CA fingerprint (SHA-256): {result['ca_fingerprint']}")
+        print(f"join token, valid once until {_when(result['expires'])}:")
+        print(result["token"])
+    elif action == "token":
+        print(f"join token, valid once until {_when(result['expires'])}:")
+        print(result["token"])
+    elif action == "join":
+        print(f"joined cluster {result['cluster_id']} as node {result['node_id']}")
+    else:
+        print(f"removed node {result['node_id']} (revocation list {result['crl']})")
+    return EXIT_OK
+
+
+def _cluster_offline(config: Any, action: str, request: dict[str, Any]) -> dict[str, Any]:
+    """No node running: work on <data_dir>/cluster under the node's lock."""
+    import fcntl
+    import os
+    import time
+
+    import trio
+
+    from appliance.cluster import authority
+    from appliance.cluster.discovery import local_ipv4_addresses
+    from appliance.cluster.files import ClusterFiles
+    from appliance.cluster.service import join_cluster
+
+    settings, node = config.cluster, config.node
+    if settings.enabled == "off":
+        raise RackbootError("[cluster] enabled = 'off' in the configuration")
+    os.makedirs(node.data_dir, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(node.data_dir, "node.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AlreadyRunning(f"a node holds {node.data_dir} but does not answer") from None
+        files = ClusterFiles(node.data_dir)
+        if settings.advertise:
+            addresses = [settings.advertise]
+        elif str(settings.listen) != "0.0.0.0":
+            addresses = [f"{settings.listen}:{settings.port}"]
+        else:
+            addresses = [f"{a}:{settings.port}" for a in local_ipv4_addresses()]
+        now = time.time()
+        if action == "init":
+            identity = authority.init_cluster(files, node.name, now)
+            token = authority.issue_token(files, addresses, settings.token_ttl, now)
+            return {
+                "cluster_id": identity.cluster_id, "node_id": identity.node_id,
+                "ca_fingerprint": identity.ca_fingerprint, "token": token.encode(),
+                "expires": token.expires,
+            }  # fmt: skip
+        if action == "token":
+            token = authority.issue_token(files, addresses, settings.token_ttl, now)
+            return {"token": token.encode(), "expires": token.expires, "addresses": addresses}
+        if action == "join":
+            identity = trio.run(join_cluster, files, request["token"], node.name, node.rack)
+            return {"cluster_id": identity.cluster_id, "node_id": identity.node_id}
+        node_id, crl = authority.revoke(files, request["node"], now)
+        return {"node_id": node_id, "crl": crl.number, "revoked": len(crl.serials)}
+    finally:
+        os.close(fd)
+
+
+def _when(timestamp: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timestamp))
+
+
+def format_cluster(cluster: dict[str, Any]) -> list[str]:
+    """The site table of `rackboot status`: every appliance, offline ones too."""
+    if cluster.get("state") != "member":
+        return [f"  cluster: {cluster.get('state', 'off')}"]
+    lines = [
+        f"  cluster {cluster['cluster_id']}  node {cluster['node_id']}"
+        f"{'  (CA holder)' if cluster.get('ca_holder') else ''}  listen {cluster.get('listen')}"
+        f"  mdns {'on' if cluster.get('mdns') else 'off'}  revoked {cluster.get('revoked', 0)}",
+        "site:",
+        f"  {'NAME':<16} {'RACK':<10} {'ROLE':<8} {'ADDRESS':<22} {'VERSION':<9} "
+        f"{'LAST SEEN':<10} HEALTH",
+    ]
+    for row in cluster.get("site", []):
+        ago = row.get("last_seen_ago")
+        seen = "now" if row.get("self") else ("never" if ago is None else f"{ago:.1f}s ago")
+        health = row.get("health", "?") + (" (this node)" if row.get("self") else "")
+        if row.get("health") != "online" and row.get("reason"):
+            health += f": {row['reason']}"
+        lines.append(
+            f"  {(row.get('name') or row.get('node_id') or '?'):<16} {row.get('rack') or '-':<10} "
+            f"{row.get('role') or '-':<8} {row.get('address') or '-':<22} "
+            f"{row.get('version') or '-':<9} {seen:<10} {health}"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

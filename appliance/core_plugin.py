@@ -6,10 +6,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from appliance import __version__
-from appliance.api import Field, Float, List, Section, Str, hookimpl
+from appliance.api import Field, Float, List, Section, Service, Str, hookimpl
+from appliance.cluster.schema import SECTION as _CLUSTER
 from appliance.config import default_node_name, dev_data_dir
 
 if TYPE_CHECKING:
+    from appliance.api import Role
     from appliance.node import Node
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
@@ -17,7 +19,7 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
 
 @hookimpl
 def rackboot_config_schema() -> list[Section]:
-    return [_NODE, _PLUGINS]
+    return [_NODE, _PLUGINS, _CLUSTER]
 
 
 _NODE = Section(
@@ -79,4 +81,28 @@ def rackboot_status(node: Node) -> dict[str, Any]:
         "role": str(node.role),
         "uptime": round(node.uptime(), 3),
         "services": {s.name: node.service_state[s.name] for s in node.services},
+        "cluster": node.cluster.status() if node.cluster is not None else {"state": "off"},
     }
+
+
+# -- the cluster (appliance/cluster, docs/cluster.md) -------------------------
+
+
+@hookimpl
+def rackboot_services(node: Node) -> list[Service]:
+    from appliance.cluster.service import Cluster
+
+    settings = node.config["cluster"]
+    node.cluster = Cluster(node, settings)
+    return [] if settings.enabled == "off" else [Service("cluster", node.cluster.run)]
+
+
+@hookimpl
+def rackboot_role_changed(node: Node, old: Role, new: Role) -> None:
+    if node.cluster is not None:
+        node.cluster.set_role(str(new))
+
+
+@hookimpl
+def rackboot_control_commands(node: Node) -> dict[str, Any]:
+    return node.cluster.control_commands() if node.cluster is not None else {}

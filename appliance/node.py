@@ -52,6 +52,8 @@ class Node:
         self.metrics = prometheus_client.CollectorRegistry()
         self._started_at = 0.0
         self._lock_fd: int | None = None
+        # The cluster service (appliance.cluster.service.Cluster), made by the core plugin.
+        self.cluster: Any = None
 
     # -- for plugins ------------------------------------------------------
 

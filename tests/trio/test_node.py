@@ -85,13 +85,17 @@ async def test_services_start_in_order_then_node_serves_and_stops(tmp_path, auto
         # Each service became ready one after the other; then the node turned active.
         assert events == [("ready", "a", 1.0), ("ready", "b", 2.0), ("role", "standby", "active")]
         assert node.role is Role.ACTIVE
-        assert node.service_state == {"rec.a": "running", "rec.b": "running"}
+        assert node.service_state == {
+            "core.cluster": "running",  # not a member: waits for `cluster init`/`join`
+            "rec.a": "running",
+            "rec.b": "running",
+        }
         assert (tmp_path / "data" / "node.lock").read_text() != ""
 
         status = await control(node.control_path, "status")
         assert status["ok"]
         assert status["result"]["core"]["role"] == "active"
-        assert status["result"]["core"]["services"] == {"rec.a": "running", "rec.b": "running"}
+        assert status["result"]["core"]["services"] == node.service_state
         assert status["result"]["rec"] == {"served": 3}
         assert (await control(node.control_path, "rec.echo", {"x": 1}))["result"] == {"x": 1}
         assert (await control(node.control_path, "rec.slow"))["result"] == "slept"

@@ -50,7 +50,10 @@ def test_example_passes_check_from_stdin(capsys, monkeypatch):
             "[node]\nnmae = 'x'\n",
             "node.nmae: expected a known key (known here: control_socket, data_dir, name, rack, shutdown_grace)",
         ),
-        ("[nodes]\n", "nodes: expected a known section (known: dhcp, node, plugins, tftp)"),
+        (
+            "[nodes]\n",
+            "nodes: expected a known section (known: cluster, dhcp, node, plugins, tftp)",
+        ),
         (
             "[node]\ndata_dir = 'relative/dir'\n",
             "node.data_dir: expected an absolute directory path, found str 'relative/dir'",
@@ -102,7 +105,13 @@ def test_plugins_list_json_describes_core(capsys):
     assert code == EXIT_OK
     plugins = {p["name"]: p for p in json.loads(out)}
     assert plugins["core"]["distribution"] == "rackboot"
-    assert plugins["core"]["hooks"] == ["rackboot_config_schema", "rackboot_status"]
+    assert plugins["core"]["hooks"] == [
+        "rackboot_config_schema",
+        "rackboot_control_commands",
+        "rackboot_role_changed",
+        "rackboot_services",
+        "rackboot_status",
+    ]
 
 
 def test_usage_error_exits_2(capsys):

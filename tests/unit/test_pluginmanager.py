@@ -44,8 +44,14 @@ def rackboot_status(node):
 def test_core_only():
     pm = build_plugin_manager(entry_points=[])
     assert list(pm.infos) == ["core"]
-    assert pm.infos["core"].hooks == ["rackboot_config_schema", "rackboot_status"]
-    assert [s.name for s in collect_sections(pm)] == ["node", "plugins"]
+    assert pm.infos["core"].hooks == [
+        "rackboot_config_schema",
+        "rackboot_control_commands",
+        "rackboot_role_changed",
+        "rackboot_services",
+        "rackboot_status",
+    ]
+    assert [s.name for s in collect_sections(pm)] == ["node", "plugins", "cluster"]
 
 
 def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
@@ -59,6 +65,7 @@ def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
     assert [(s.name, s.owner) for s in sections] == [
         ("node", "core"),
         ("plugins", "core"),
+        ("cluster", "core"),
         ("good", "good"),
     ]
 
