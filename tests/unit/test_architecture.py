@@ -30,6 +30,12 @@ SANS_IO = [
     "plugins.tftp.negotiate",
     "plugins.tftp.transfer",
     "plugins.tftp.confine",  # the filesystem only: no network, no clock
+    "appliance.cluster.pki",
+    "appliance.cluster.jointoken",
+    "appliance.cluster.wire",
+    "appliance.cluster.session",
+    "appliance.cluster.peers",
+    "appliance.cluster.schema",
 ]
 
 FORBIDDEN = {

@@ -1,0 +1,157 @@
+"""The peer protocol with explicit time: handshake decisions, keepalives, liveness, garbage."""
+
+from __future__ import annotations
+
+from appliance.cluster import wire
+from appliance.cluster.session import (
+    Closed,
+    CrlReceived,
+    Established,
+    LocalInfo,
+    RoleChanged,
+    Session,
+    negotiate,
+)
+
+A = LocalInfo("c" * 16, "a" * 16, "alpha", "r1", "active", "1.0", "192.0.2.1:7470", crl=2)
+B = LocalInfo("c" * 16, "b" * 16, "beta", "r1", "standby", "1.1", "192.0.2.2:7470")
+
+
+def pair(a=A, b=B, now=0.0, **kw):
+    sa = Session(a, now, expected_node=b.node_id, **kw)
+    sb = Session(b, now, expected_node=a.node_id, **kw)
+    return sa, sb
+
+
+def exchange(sa: Session, sb: Session, now: float) -> None:
+    for _ in range(4):
+        da, db = sa.data_to_send(), sb.data_to_send()
+        if da:
+            sb.receive_data(da, now)
+        if db:
+            sa.receive_data(db, now)
+
+
+def events(session: Session) -> list:
+    out = []
+    while (e := session.next_event()) is not None:
+        out.append(e)
+    return out
+
+
+def test_negotiate_picks_the_highest_common_version():
+    assert negotiate(1, 3, 2, 5) == 3
+    assert negotiate(1, 1, 1, 1) == 1
+    assert negotiate(1, 1, 2, 3) is None
+
+
+def test_handshake_establishes_both_ends():
+    sa, sb = pair()
+    exchange(sa, sb, 0.1)
+    [ea], [eb] = events(sa), events(sb)
+    assert isinstance(ea, Established) and ea.peer.name == "beta" and ea.proto == 1
+    assert isinstance(eb, Established) and eb.peer.crl == 2 and eb.peer.addr == "192.0.2.1:7470"
+    assert sa.established and sb.established
+
+
+def test_incompatible_versions_are_refused_naming_both():
+    future = LocalInfo(**{**B.__dict__, "version": "9.0", "proto_min": 5, "proto_max": 6})
+    sa, sb = pair(b=future)
+    exchange(sa, sb, 0.1)
+    [ea], [eb] = events(sa), events(sb)
+    assert isinstance(ea, Closed) and ea.refused
+    assert "rackboot 1.0 (cluster protocol 1)" in ea.reason
+    assert "rackboot 9.0 (cluster protocol 5-6)" in ea.reason
+    assert isinstance(eb, Closed) and (eb.refused or eb.refused_by_peer)
+
+
+def test_a_hello_that_contradicts_the_certificate_is_refused():
+    sa = Session(A, 0.0, expected_node="f" * 16)
+    sb = Session(B, 0.0, expected_node=A.node_id)
+    exchange(sa, sb, 0.0)
+    [ea] = events(sa)
+    assert isinstance(ea, Closed) and ea.refused
+    assert "certificate proves ffffffffffffffff" in ea.reason
+    assert any(isinstance(e, Closed) and e.refused_by_peer for e in events(sb))
+
+
+def test_another_cluster_and_ourselves_are_refused():
+    other = LocalInfo(**{**B.__dict__, "cluster_id": "d" * 16})
+    sa, sb = pair(b=other)
+    exchange(sa, sb, 0)
+    assert "peer says cluster" in events(sa)[0].reason
+    me = Session(A, 0, expected_node=None)
+    me2 = Session(A, 0, expected_node=None)
+    exchange(me, me2, 0)
+    assert events(me)[0].reason == "connected to ourselves"
+
+
+def test_keepalives_and_liveness_with_explicit_time():
+    sa, sb = pair(keepalive=1.0, dead_after=3.0)
+    exchange(sa, sb, 0.0)
+    events(sa), events(sb)
+    assert sa.get_timer() == 1.0
+    for t in (1.0, 2.0, 3.0, 4.0):  # both alive: pings and pongs flow, nobody closes
+        sa.handle_timer(t)
+        sb.handle_timer(t)
+        exchange(sa, sb, t + 0.01)
+    assert sa.closed is None and sb.closed is None and sa.pings == 4
+    assert sa.rtt is not None and abs(sa.rtt - 0.01) < 1e-9
+    # b goes silent: a keeps pinging, then closes dead_after seconds after the last message.
+    last = sa.last_rx
+    t = 5.0
+    while sa.closed is None:
+        t = sa.get_timer()
+        sa.handle_timer(t)
+        sa.data_to_send()
+    assert t == last + 3.0
+    assert sa.closed.reason == "no keepalive from peer for 3 s"
+    assert sa.get_timer() is None
+
+
+def test_a_peer_that_never_says_hello_is_dropped():
+    sa = Session(A, 10.0, expected_node=None, dead_after=2.0)
+    assert sa.get_timer() == 12.0
+    sa.handle_timer(12.0)
+    assert sa.closed.reason == "no hello from peer for 2 s"
+
+
+def test_garbage_and_oversized_messages_close_without_raising():
+    sa = Session(A, 0, expected_node=None, max_message=4096)
+    sa.receive_data(wire.HEADER.pack(1 << 20), 0.1)
+    [e] = events(sa)
+    assert e.garbage and "cap is 4096" in e.reason
+    sb = Session(A, 0, expected_node=None)
+    sb.receive_data(wire.HEADER.pack(3) + b"\xc1\xc1\xc1", 0.1)
+    assert events(sb)[0].garbage
+    sb.receive_data(b"more", 0.2)  # after closing, input is ignored
+    assert events(sb) == []
+
+
+def test_messages_before_hello_are_refused():
+    sa = Session(A, 0, expected_node=None)
+    sa.receive_data(wire.encode({"t": "ping", "n": 1, "role": "x"}), 0)
+    [e] = events(sa)
+    assert e.refused and e.reason == "expected hello, got ping"
+    hello, refuse = wire.FrameReader().feed(sa.data_to_send())
+    assert hello["t"] == "hello" and refuse == {"t": "refuse", "reason": e.reason}
+
+
+def test_role_updates_and_revocation_lists_arrive_as_events():
+    sa, sb = pair()
+    exchange(sa, sb, 0)
+    events(sa), events(sb)
+    sb.set_role("active")
+    sb.handle_timer(sb.next_ping)
+    sb.send_crl(b"DER")
+    exchange(sa, sb, 1.0)
+    assert events(sa) == [RoleChanged("active"), CrlReceived(b"DER")]
+    assert sa.peer.role == "active"
+
+
+def test_peer_close_is_an_event():
+    sa, sb = pair()
+    exchange(sa, sb, 0)
+    events(sa)
+    sa.receive_data(b"", 1)
+    assert events(sa) == [Closed("peer closed the connection")]
