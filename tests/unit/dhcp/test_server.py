@@ -6,6 +6,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
+from plugins.dhcp.boot import BootChoice
 from plugins.dhcp.leases import LeaseState
 from plugins.dhcp.model import BootFiles, Reservation
 from plugins.dhcp.options import MessageType, Opt, decode_routes, encode_client_arches
@@ -394,6 +395,33 @@ def test_policy_hooks_decide_hosts_boot_and_options():
     no_arch = {Opt.VENDOR_CLASS: PXE_BIOS[Opt.VENDOR_CLASS]}
     offer = reply_of(server.handle(message(D, mac(1), options=no_arch), ON_LINK, T0))
     assert Opt.BOOTFILE_NAME not in offer.options
+
+
+def test_boot_policy_is_asked_about_os_clients_only_when_it_may_answer_them():
+    asked = []
+
+    class Everyone(Policy):  # overrides boot: asked about every client by default
+        def boot(self, request, default):
+            asked.append(request.mac)
+            return BootChoice("site", "os-installer.efi", SERVER)
+
+    class Booters(Everyone):  # says it only answers clients that ask to boot
+        def boots_any_client(self):
+            return False
+
+    assert not Policy().boots_any_client() and Everyone().boots_any_client()
+    offer = reply_of(
+        DhcpServer(config(), policy=Everyone()).handle(message(D, mac(1)), ON_LINK, T0)
+    )
+    assert offer.options[Opt.BOOTFILE_NAME] == b"os-installer.efi" and len(asked) == 1
+    offer = reply_of(DhcpServer(config(), policy=Booters()).handle(message(D, mac(2)), ON_LINK, T0))
+    assert Opt.BOOTFILE_NAME not in offer.options and len(asked) == 1
+    offer = reply_of(
+        DhcpServer(config(), policy=Booters()).handle(
+            message(D, mac(3), options=PXE_BIOS), ON_LINK, T0
+        )
+    )
+    assert offer.options[Opt.BOOTFILE_NAME] == b"os-installer.efi" and len(asked) == 2
 
 
 def test_pool_exhaustion_then_reuse_of_expired_leases():
