@@ -11,7 +11,6 @@ answered from the listening socket, from the address the client asked.
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 import socket
 import struct
@@ -245,8 +244,10 @@ class TftpServer:
     async def _drive(self, sock, machine: ReadTransfer, peer, source: Source, options) -> list:
         """Feed ``machine`` until it is done; returns the last batch it sent.
 
-        The hot path: one cancel scope serves as the retransmission timer for as
-        long as it does not fire (its deadline follows ``get_timer()``), and a
+        The hot path. One cancel scope is the retransmission timer: its deadline
+        is moved only when the machine's timer is earlier (normally the timer only
+        moves later, so a scope outlives many packets); when a stale deadline fires,
+        ``handle_timer`` ignores it and a new scope takes the machine's timer. A
         datagram already queued is read without parking the task.
         """
         clock, stats, busy_poll = trio.current_time, self.stats, self.config.busy_poll
@@ -267,7 +268,9 @@ class TftpServer:
                             await _send(sock, datagram, peer)  # waits for room, or logs
                     if machine.done:
                         return batch
-                    timer.deadline = machine.get_timer() or math.inf
+                    deadline = machine.get_timer()
+                    if deadline is not None and deadline < timer.deadline:
+                        timer.deadline = deadline
                     try:
                         n, sender = sock.recvfrom_into(buf)
                     except BlockingIOError:
@@ -277,10 +280,6 @@ class TftpServer:
                             await trio.lowlevel.wait_readable(sock)
                             continue
                         n, sender = got
-                    streak += 1
-                    if streak >= YIELD_EVERY:
-                        streak = 0
-                        await trio.lowlevel.checkpoint()
                     if sender == peer:
                         machine.receive_datagram(bytes(view[:n]), clock())
                     else:
@@ -288,6 +287,10 @@ class TftpServer:
                         stats.errors_sent[ErrorCode.UNKNOWN_TID] += 1
                         error = encode_error(ErrorCode.UNKNOWN_TID, "unknown transfer ID")
                         _send_now(sock, error, sender)
+                    streak += 1
+                    if streak >= YIELD_EVERY and not machine.done:
+                        streak = 0
+                        await trio.lowlevel.checkpoint()
             machine.handle_timer(clock())
 
     def _record(self, event, sent_error: bool, fields: dict[str, Any]) -> None:
@@ -358,7 +361,10 @@ async def _send(sock: socket.socket, datagram: bytes, peer: Address) -> None:
             sock.sendto(datagram, peer)
             return
         except BlockingIOError:
-            await trio.lowlevel.wait_writable(sock)
+            # Shielded from the timer scope (a stale deadline must not lose a datagram),
+            # bounded on its own: a UDP send buffer drains in microseconds.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
+                await trio.lowlevel.wait_writable(sock)
         except OSError as exc:
             log.debug("send failed", client=_fmt(peer), error=str(exc))
             return
