@@ -224,5 +224,5 @@ class PeerTable:
         for attr in ("name", "rack", "role", "version"):
             if hello.get(attr):
                 setattr(peer, attr, str(hello[attr])[:64])
-        if hello.get("addr") and not peer.address:
-            peer.address = str(hello["addr"])[:300]
+        if hello.get("addr") and (not peer.address or peer.state != UP):
+            peer.address = str(hello["addr"])[:300]  # where it listens now (a restart may move it)

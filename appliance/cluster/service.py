@@ -64,8 +64,8 @@ def explain_tls(reason: str) -> str:
         "WRONG_VERSION_NUMBER": "it does not speak TLS",
         "UNSUPPORTED_PROTOCOL": "it does not speak TLS 1.3",
     }
-    hint = hints.get(reason)
-    return f"{reason}: {hint}" if hint else reason
+    hint = hints.get(reason.partition(":")[0])
+    return f"{reason} ({hint})" if hint else reason
 
 
 class Cluster:

@@ -72,10 +72,12 @@ def tls_reason(exc: BaseException) -> str:
             seen = seen.__cause__ or seen.__context__  # type: ignore[assignment]
         else:
             break
-    if isinstance(seen, OSError) and seen.strerror:
-        return seen.strerror
+    if isinstance(seen, ssl.SSLCertVerificationError):
+        return f"{seen.reason}: {seen.verify_message}"
     if isinstance(seen, ssl.SSLError):
         return seen.reason or str(seen)
+    if isinstance(seen, OSError) and seen.strerror:
+        return seen.strerror
     return f"{type(seen).__name__}: {seen}" if str(seen) else type(seen).__name__
 
 
@@ -209,15 +211,15 @@ class Pump:
     async def _timer(self) -> None:
         while True:
             deadline = self.session.get_timer()
-            self._rearm = trio.Event()
+            self._rearm = rearm = trio.Event()
             with trio.move_on_at(deadline if deadline is not None else float("inf")):
-                await self._rearm.wait()
-                await self._after()
-                continue
-            self.session.handle_timer(trio.current_time())
-            await self._after()
+                await rearm.wait()
+            if not rearm.is_set():
+                self.session.handle_timer(trio.current_time())
+            await self._after()  # outside the deadline's scope: a send is never cut in half
 
     async def _after(self) -> None:
+        self._rearm.set()  # input may have moved the session's timer: the timer task re-reads it
         while (event := self.session.next_event()) is not None:
             self.on_event(event)
         await self._flush()
@@ -225,9 +227,11 @@ class Pump:
             self._cancel.cancel()
 
     async def _flush(self) -> None:
-        data = self.session.data_to_send()
-        if data:
-            async with self._send_lock:
+        # Take the bytes only once we may send them: a cancelled wait leaves them queued
+        # for _flush_quietly (a refusal must reach the peer even as the link closes).
+        async with self._send_lock:
+            data = self.session.data_to_send()
+            if data:
                 try:
                     await self.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
