@@ -552,9 +552,15 @@ class Cluster:
         if not isinstance(text, str):
             raise ControlRequestError("cluster.join needs a 'token' string")
         async with self._lock:
-            identity = await join_cluster(
-                self.files, text, self.node.config.node.name, self.node.config.node.rack
-            )
+            try:
+                with trio.fail_after(9):  # answer before the control socket gives up (10 s)
+                    identity = await join_cluster(
+                        self.files, text, self.node.config.node.name, self.node.config.node.rack
+                    )
+            except trio.TooSlowError:
+                raise RackbootError(
+                    "no member in the token answered within 9 s; check the address and try again"
+                ) from None
             self._adopt(identity)
             await self._wait_listening()
         return {"cluster_id": identity.cluster_id, "node_id": identity.node_id}

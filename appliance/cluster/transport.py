@@ -26,7 +26,7 @@ from appliance.logs import get_logger
 
 log = get_logger("cluster")
 
-ENROL_TIMEOUT = 10.0
+ENROL_TIMEOUT = 5.0  # per member address; the control socket gives a request 10 s
 
 
 def server_context(identity: Identity) -> ssl.SSLContext:
