@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--server-cpu", default="0", help="taskset CPU list of every server (0)")
     p.add_argument("--client-cpu", default="1", help="taskset CPU list of the clients (1)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take")
+    p.add_argument("--tftp-set", action="append", default=[], metavar="'KEY = VALUE'",
+                   help="extra [tftp] line for Rackboot, repeatable (e.g. 'busy_poll_us = 0')")  # fmt: skip
     p.add_argument("--json", nargs="?", const="", default=None, help="save to bench/results/")
     return p.parse_args(argv)
 
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(os.urandom(MIB))
     digest = sha256(root / "big.bin")
     servers = {name: Server(name, port) for name, port in PORTS.items()}
+    servers["rackboot"].extra = tuple(args.tftp_set)
     results: dict[str, dict] = {}
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     try:
@@ -140,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"env: cpu={cpu_model()} vcpus={os.cpu_count()} cpuidle={cpuidle_driver()} "
                   f"python={sys.version.split()[0]} lowlat={lowlat.label} "
-                  f"server cpu {args.server_cpu}, client cpu {args.client_cpu}")  # fmt: skip
+                  f"server cpu {args.server_cpu}, client cpu {args.client_cpu}, "
+                  f"rackboot [tftp] extra: {args.tftp_set or 'none'}")  # fmt: skip
             for scenario in scenarios:
                 client, window, peer = SCENARIOS[scenario]
                 counts = (

@@ -50,6 +50,7 @@ class Server:
     name: str
     port: int
     proc: subprocess.Popen | None = None
+    extra: tuple[str, ...] = ()  # more [tftp] lines for rackboot ("busy_poll_us = 0")
 
     def argv(self, host: Host, root: Path, work: Path) -> list[str]:
         addr = host.addr
@@ -66,7 +67,7 @@ class Server:
             f'[plugins]\ndisabled = ["dhcp"]\n'
             f'[node]\nname = "bench"\ndata_dir = "{work / "data"}"\n'
             f'[tftp]\naddresses = ["{addr}"]\nport = {self.port}\nroot = "{root}"\n'
-            "max_transfers = 1000\n"
+            "max_transfers = 1000\n" + "".join(f"{line}\n" for line in self.extra)
         )
         return [sys.executable, "-m", "appliance", "--log-level", "warning", "run",
                 "--config", str(config)]  # fmt: skip
