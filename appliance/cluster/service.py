@@ -85,6 +85,7 @@ class Cluster:
         self._dial_wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._lock = trio.Lock()  # init / join / token / remove, one at a time
+        node.metrics.register(_Metrics(self))
 
     # -- the service ------------------------------------------------------------
 
@@ -193,12 +194,22 @@ class Cluster:
                 "role": self.role,
             },  # fmt: skip
         )
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.discovery.run)
-            task_status.started()
-            instances: dict[str, str] = {}
-            async for ann in self.discovery.receive:
-                self._announced(ann, instances)
+        started = False
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.discovery.run)
+                task_status.started()
+                started = True
+                instances: dict[str, str] = {}
+                async for ann in self.discovery.receive:
+                    self._announced(ann, instances)
+        except Exception as exc:  # no multicast here: the links still work with static peers
+            log.error(
+                "mDNS discovery failed: static peers only",
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            if not started:
+                task_status.started()
 
     def _announced(self, ann: Announcement, instances: dict[str, str]) -> None:
         assert self.table is not None
@@ -629,6 +640,33 @@ class Cluster:
             },
             "site": site,
         }
+
+
+class _Metrics:
+    """The cluster's Prometheus metrics, read from the live state at scrape time."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        table = self.cluster.table
+        peers = GaugeMetricFamily(
+            "rackboot_cluster_peers", "Known peers by state", labels=["state"]
+        )
+        for state in ("up", "down", "connecting", "refused"):
+            count = sum(1 for p in table.peers.values() if p.state == state) if table else 0
+            peers.add_metric([state], count)
+        yield peers
+        events = CounterMetricFamily(
+            "rackboot_cluster_events",
+            "Refusals, garbage, enrolments, CRL updates",
+            labels=["event"],
+        )
+        for name, value in self.cluster.counters.items():
+            events.add_metric([name], value)
+        yield events
 
 
 def _replace(identity: Identity, **changes: Any) -> Identity:

@@ -243,6 +243,11 @@ async def test_strangers_are_refused_and_the_node_carries_on(tmp_path, logs):
             assert session.established and session.peer.name == "alpha"
             await stream.aclose()
             assert a.cluster.counters["refused"] >= 4
+            import prometheus_client
+
+            text = prometheus_client.generate_latest(a.metrics).decode()
+            assert 'rackboot_cluster_events_total{event="refused"}' in text
+            assert 'rackboot_cluster_peers{state="up"}' in text
 
 
 async def test_join_refusals(tmp_path):
