@@ -85,7 +85,6 @@ class Cluster:
         self._dial_wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._lock = trio.Lock()  # init / join / token / remove, one at a time
-        node.metrics.register(_Metrics(self))
 
     # -- the service ------------------------------------------------------------
 
@@ -115,6 +114,8 @@ class Cluster:
         )
         for address in (*self.settings.peers, *identity.seeds):
             self.table.add_static(address)
+        if not self._has_identity.is_set():  # a member from now on: its metrics appear
+            self.node.metrics.register(_Metrics(self))
         self._has_identity.set()
 
     async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
