@@ -101,7 +101,7 @@ def test_nodes_discover_each_other_by_mdns_and_link(lab: Lab, tmp_path: Path, co
                 return False
         return True
 
-    wait(everyone_linked, 30, f"{count} nodes to discover and link to each other", logs)
+    wait(everyone_linked, 60, f"{count} nodes to discover and link to each other", logs)
     core = status(tmp_path, hosts[names[-1]], nodes[names[-1]][1])
     site = {r["name"]: r for r in core["cluster"]["site"]}
     assert site["alpha"]["address"] == f"{hosts['alpha'].addr}:{PORT}"
@@ -120,7 +120,7 @@ def test_nodes_discover_each_other_by_mdns_and_link(lab: Lab, tmp_path: Path, co
 
     wait(shown_offline, 15, f"{last} shown offline", logs)
     nodes[last] = start(tmp_path, hosts[last], last)
-    wait(everyone_linked, 30, f"{last} back online", logs)
+    wait(everyone_linked, 60, f"{last} back online", logs)
 
 
 AVAHI_CONF = """[server]
