@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -121,6 +122,25 @@ def test_nodes_discover_each_other_by_mdns_and_link(lab: Lab, tmp_path: Path, co
     wait(shown_offline, 15, f"{last} shown offline", logs)
     nodes[last] = start(tmp_path, hosts[last], last)
     wait(everyone_linked, 60, f"{last} back online", logs)
+
+    # A member that stops answering without closing anything (frozen): marked down after
+    # dead_after, back when it thaws. Only our own PID is signalled.
+    frozen = nodes[last][0]
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+
+        def silent() -> bool:
+            site = status(tmp_path, hosts["alpha"], nodes["alpha"][1])["cluster"]["site"]
+            row = {r["name"]: r for r in site}[last]
+            # First "no keepalive ...", then redials time out while it stays frozen.
+            return row["health"] == "offline" and (
+                "no keepalive" in row["reason"] or "timed out" in row["reason"]
+            )
+
+        wait(silent, 15, f"frozen {last} marked down", logs)
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    wait(everyone_linked, 60, f"{last} back after thawing", logs)
 
 
 AVAHI_CONF = """[server]
