@@ -283,6 +283,8 @@ class Cluster:
             del self.pumps[pump]
             closed = session.closed or Closed("shutting down")
             self._session_ended(closed, who.node_id, address, outbound=True)
+            if session.peer is not None:  # the entry may have merged into the node id's
+                peer = self.table.peers.get(who.node_id, peer)
             was_up = peer.state == UP
             self._dial_failed(
                 peer, closed.reason, refused=closed.refused or closed.refused_by_peer, quiet=True

@@ -338,3 +338,23 @@ async def test_pump_refuses_an_oversized_message_without_reading_it(autojump_clo
             while sa.closed is None:
                 await trio.sleep(0.01)
     assert sa.closed.garbage and "cap is 4096" in sa.closed.reason
+
+
+async def test_a_peer_known_by_two_addresses_is_one_row_and_goes_offline(tmp_path):
+    """beta knows alpha as its enrolling member (127.0.0.1:port) and as a static peer
+    (localhost:port): both links prove the same node id and merge into one entry, which
+    goes offline when alpha stops (not left "up" by the link that merged away)."""
+    with trio.fail_after(30):
+        async with running(tmp_path, "alpha") as a:
+            token = (await a.cluster.cmd_init({}))["token"]
+            port = a.cluster.port
+            async with running(tmp_path, "beta", peers=[f"localhost:{port}"]) as b:
+                await b.cluster.cmd_join({"token": token})
+                await wait_until(lambda: online(b, "alpha"), what="link up")
+                await trio.sleep(0.5)  # both addresses dialled by now
+                rows = [r for r in b.cluster.status()["site"] if r["name"] == "alpha"]
+                assert len(rows) == 1
+                a.request_stop("test")
+                await wait_until(lambda: site(b)["alpha"]["health"] == "offline", what="offline")
+                await trio.sleep(0.5)
+                assert site(b)["alpha"]["health"] == "offline"
