@@ -1,10 +1,10 @@
 """Malformed and hostile DHCP traffic crafted with scapy, broadcast on one link.
 
-    python -m tests.support.dhcp_hostile IFNAME STORM_MACS MAX_SECONDS
+    python -m tests.support.dhcp_hostile IFNAME STORM_MACS MAX_SECONDS INTERVAL
 
 Run inside a lab namespace whose interface has an address. Prints ``ready``
 once scapy is loaded and the socket bound, then sends rounds until its
-standard input closes (or MAX_SECONDS pass): one packet of each malformed kind
+standard input closes (or MAX_SECONDS pass), INTERVAL seconds apart: one packet of each malformed kind
 in :data:`KINDS` plus a burst of DISCOVERs from STORM_MACS random MACs (each
 round reuses the same MACs: a storm, not a pool-exhaustion attack). Then it
 prints a JSON object: how many of each kind it sent, keyed by the drop reason
@@ -113,7 +113,7 @@ KINDS: dict[str, Callable[[], bytes]] = {
 KINDS_OVERLOAD_IN_FILE = "malformed:bad-overload"  # overload_inside_file counts here too
 
 
-def main(ifname: str, storm_macs: int, max_seconds: float) -> None:
+def main(ifname: str, storm_macs: int, max_seconds: float, interval: float) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
     sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, ifname.encode())
@@ -137,9 +137,9 @@ def main(ifname: str, storm_macs: int, max_seconds: float) -> None:
         for packet in storm:
             sock.sendto(packet, ("255.255.255.255", 67))
             sent["discover"] += 1
-        time.sleep(0.02)
+        time.sleep(interval)
     print(json.dumps(sent), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))
