@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SANS_IO = [
     "appliance.schema",
     "appliance.errors",
+    "appliance.confine",  # the filesystem only: no network, no clock
     "plugins.dhcp.options",
     "plugins.dhcp.codec",
     "plugins.dhcp.leases",
