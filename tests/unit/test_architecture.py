@@ -37,6 +37,12 @@ SANS_IO = [
     "appliance.cluster.session",
     "appliance.cluster.peers",
     "appliance.cluster.schema",
+    "appliance.ha.schema",
+    "appliance.ha.messages",
+    "appliance.ha.acceptor",
+    "appliance.ha.proposer",
+    "appliance.ha.election",
+    "appliance.ha.fence",
 ]
 
 FORBIDDEN = {

@@ -1,0 +1,149 @@
+"""One acceptor of the PaxosLease-style election (sans-IO).
+
+Rules, in the order they are applied to a request from node ``sender``:
+
+1. **Restart wait.** For one lease period after it starts, an acceptor votes
+   for nobody: a grant its previous life made may still be running, and it
+   remembers none (only the epoch is kept on disk).
+2. **Live lease.** While a lease it granted is running, it refuses every
+   other owner (``busy``, with how long is left), so the owner alone can
+   renew it and nobody else duels with it.
+3. **Ballots.** Paxos' rule: a prepare promises not to accept lower ballots;
+   a proposal below the promise is refused (``outbid``).
+4. **Epochs.** A proposal below the highest epoch this acceptor accepted is
+   refused (``stale-epoch``); a higher one is remembered and, on a node with
+   a disk, made durable *before* the answer leaves (:attr:`persist`).
+
+A diskless acceptor (the witness) starts **amnesic**: it says so in its
+promises, and proposers do not let it vouch for the newest epoch (see
+:mod:`appliance.ha.proposer`). It stops being amnesic when it accepts a
+proposal: that proposal's epoch was proven newest by a majority that
+remembers, or is a live holder's renewal, so from then on it knows.
+
+Time is the acceptor's own monotonic clock; messages carry durations only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from appliance.ha.messages import Accepted, Message, Prepare, Promise, Propose, Release
+
+
+@dataclass
+class Grant:
+    owner: str
+    epoch: int
+    expires: float  # on this acceptor's clock
+
+
+class Acceptor:
+    def __init__(
+        self,
+        group: str,
+        now: float,
+        *,
+        max_lease: float,
+        known_epoch: int | None,
+        acceptors: int | None = None,
+    ) -> None:
+        """``known_epoch``: from disk, or None for a diskless acceptor (it starts amnesic).
+        ``acceptors``: how many acceptors this one expects proposers to count (None: any)."""
+        self.group = group
+        self.max_lease = max_lease
+        self.acceptors = acceptors
+        self.ready_at = now + max_lease
+        self.diskless = known_epoch is None
+        self.known_epoch = known_epoch or 0
+        self.amnesic = known_epoch is None
+        self.promised: tuple[int, str] = (0, "")
+        self.grant: Grant | None = None
+        self.persist: int | None = None  # an epoch to make durable before sending the answer
+        self.refusals: dict[str, int] = {}
+
+    def live_grant(self, now: float) -> Grant | None:
+        if self.grant is not None and now >= self.grant.expires:
+            self.grant = None
+        return self.grant
+
+    def handle(self, sender: str, message: Message, now: float) -> Message | None:
+        """One request in, at most one answer out (to ``sender``)."""
+        if isinstance(message, Prepare):
+            return self._prepare(sender, message, now)
+        if isinstance(message, Propose):
+            return self._propose(sender, message, now)
+        if isinstance(message, Release):
+            grant = self.live_grant(now)
+            if grant is not None and grant.owner == sender and grant.epoch == message.epoch:
+                self.grant = None
+        return None
+
+    def _refusal(self, sender: str, acceptors: int, now: float) -> tuple[str, Grant | None]:
+        grant = self.live_grant(now)
+        if now < self.ready_at:
+            why = "restarting"
+        elif self.acceptors is not None and acceptors != self.acceptors:
+            why = "mismatch"
+        elif grant is not None and grant.owner != sender:
+            why = "busy"
+        else:
+            return "", grant
+        return self._count(why), grant
+
+    def _count(self, why: str) -> str:
+        self.refusals[why] = self.refusals.get(why, 0) + 1
+        return why
+
+    def _prepare(self, sender: str, m: Prepare, now: float) -> Promise:
+        why, grant = self._refusal(sender, m.acceptors, now)
+        ballot = (m.ballot, sender)
+        if not why and ballot < self.promised:
+            why = self._count("outbid")
+        if not why:
+            self.promised = ballot
+        return Promise(
+            self.group, m.req, m.ballot, not why, why,
+            owner=grant.owner if grant else "", owner_epoch=grant.epoch if grant else 0,
+            left=self._left(grant, now), known_epoch=self.known_epoch, amnesic=self.amnesic,
+            promised_n=self.promised[0], promised_by=self.promised[1],
+        )  # fmt: skip
+
+    def _propose(self, sender: str, m: Propose, now: float) -> Accepted:
+        why, grant = self._refusal(sender, m.acceptors, now)
+        ballot = (m.ballot, sender)
+        if not why and ballot < self.promised:
+            why = self._count("outbid")
+        if not why and m.epoch < self.known_epoch:
+            why = self._count("stale-epoch")
+        if not why and m.lease > self.max_lease:
+            why = self._count("lease-too-long")
+        if not why:
+            self.promised = ballot
+            self.grant = grant = Grant(sender, m.epoch, now + m.lease)
+            self.amnesic = False
+            if m.epoch > self.known_epoch:
+                self.known_epoch = m.epoch
+                if not self.diskless:
+                    self.persist = m.epoch
+        return Accepted(
+            self.group, m.req, m.ballot, not why, why,
+            owner=grant.owner if grant else "", left=self._left(grant, now),
+            known_epoch=self.known_epoch, promised_n=self.promised[0],
+            promised_by=self.promised[1],
+        )  # fmt: skip
+
+    def _left(self, grant: Grant | None, now: float) -> float:
+        if now < self.ready_at:
+            return min(self.ready_at - now, 3600.0)
+        return max(0.0, min(grant.expires - now, 3600.0)) if grant else 0.0
+
+    def status(self, now: float) -> dict:
+        grant = self.live_grant(now)
+        return {
+            "ready": now >= self.ready_at,
+            "known_epoch": self.known_epoch,
+            "amnesic": self.amnesic,
+            "granted_to": grant.owner if grant else "",
+            "grant_left": round(grant.expires - now, 3) if grant else 0.0,
+            "refusals": dict(self.refusals),
+        }

@@ -1,0 +1,164 @@
+"""The election's messages and their wire format (sans-IO).
+
+A message is a frozen dataclass; on the wire it is one msgpack map with
+``"t"`` naming the type and one key per field. :func:`decode_untrusted`
+caps the size before decoding, refuses extension types and non-string
+keys, and checks every declared field's type (extra keys are ignored: a
+newer peer may add some). Who sent a message is never a field: the signed
+envelope proves it (see :mod:`appliance.ha.envelope`).
+
+Every message carries ``group`` (the rack: one witness may vote for several
+racks) and ``req``, the proposer's number for the round, so a late or
+duplicated answer to an older round is recognised and ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+
+MAX_MESSAGE = 1024  # the largest message is ~200 bytes
+MAX_TEXT = 64  # node ids, reasons, group names
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """Phase 1: may I (the sender) own the lease at ballot ``(ballot, sender)``?"""
+
+    TYPE: ClassVar[str] = "prepare"
+    group: str
+    req: int
+    ballot: int
+    acceptors: int  # how many acceptors the proposer counts: a mismatch is a misconfiguration
+
+
+@dataclass(frozen=True)
+class Promise:
+    """An acceptor's answer to :class:`Prepare`.
+
+    ``ok`` false carries why: ``busy`` (``owner`` holds a live lease for ``left``
+    more seconds), ``outbid`` (a higher ballot ``promised_n``/``promised_by`` was
+    promised), ``restarting`` (no votes for ``left`` more seconds), ``mismatch``.
+    """
+
+    TYPE: ClassVar[str] = "promise"
+    group: str
+    req: int
+    ballot: int
+    ok: bool
+    why: str
+    owner: str  # the live lease's owner ("" if none)
+    owner_epoch: int
+    left: float
+    known_epoch: int  # the highest epoch this acceptor ever accepted
+    amnesic: bool  # a diskless acceptor that restarted and has not learnt the epoch since
+    promised_n: int
+    promised_by: str
+
+
+@dataclass(frozen=True)
+class Propose:
+    """Phase 2: grant me a lease of ``lease`` seconds at ``ballot`` with fencing token ``epoch``."""
+
+    TYPE: ClassVar[str] = "propose"
+    group: str
+    req: int
+    ballot: int
+    epoch: int
+    lease: float
+    acceptors: int
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """An acceptor's answer to :class:`Propose` (``why`` as in :class:`Promise`)."""
+
+    TYPE: ClassVar[str] = "accepted"
+    group: str
+    req: int
+    ballot: int
+    ok: bool
+    why: str
+    owner: str
+    left: float
+    known_epoch: int
+    promised_n: int
+    promised_by: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """The holder gives its lease up (demote, maintenance, shutdown) after it stopped acting."""
+
+    TYPE: ClassVar[str] = "release"
+    group: str
+    req: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Handover:
+    """An operator asked the sender to become active: the holder releases and holds back."""
+
+    TYPE: ClassVar[str] = "handover"
+    group: str
+    req: int
+
+
+Message = Prepare | Promise | Propose | Accepted | Release | Handover
+TYPES: dict[str, type] = {
+    cls.TYPE: cls for cls in (Prepare, Promise, Propose, Accepted, Release, Handover)
+}
+_PYTHON_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool}
+_FIELDS = {
+    cls: [(f.name, _PYTHON_TYPES[str(f.type)]) for f in dataclasses.fields(cls)]
+    for cls in TYPES.values()
+}
+
+
+class BadMessage(Exception):
+    """Bytes that are not an election message; counted and dropped by the shell."""
+
+
+def encode(message: Message) -> bytes:
+    body = {"t": message.TYPE, **dataclasses.asdict(message)}
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise BadMessage(f"msgpack extension type {code} is not allowed")
+
+
+def decode_untrusted(data: bytes) -> Message:
+    if len(data) > MAX_MESSAGE:
+        raise BadMessage(f"message of {len(data)} bytes exceeds the cap of {MAX_MESSAGE}")
+    try:
+        raw = msgpack.unpackb(
+            data, raw=False, strict_map_key=True, ext_hook=_no_ext,
+            max_array_len=16, max_map_len=32, max_str_len=256, max_bin_len=0,
+        )  # fmt: skip
+    except BadMessage:
+        raise
+    except Exception as exc:  # msgpack raises several types
+        raise BadMessage(f"not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(raw, dict):
+        raise BadMessage("message is not a map")
+    cls = TYPES.get(raw.get("t")) if isinstance(raw.get("t"), str) else None
+    if cls is None:
+        raise BadMessage(f"unknown message type {str(raw.get('t'))[:MAX_TEXT]!r}")
+    values = {}
+    for name, kind in _FIELDS[cls]:
+        value = raw.get(name)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise BadMessage(f"{cls.TYPE}: field {name!r} missing or of the wrong type")
+        if isinstance(value, str) and len(value) > MAX_TEXT:
+            raise BadMessage(f"{cls.TYPE}: field {name!r} longer than {MAX_TEXT}")
+        if isinstance(value, float) and not (0.0 <= value <= 3600.0):
+            raise BadMessage(f"{cls.TYPE}: field {name!r} out of range")
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 2**63:
+            raise BadMessage(f"{cls.TYPE}: field {name!r} out of range")
+        values[name] = float(value) if kind == (int, float) else value
+    return cls(**values)

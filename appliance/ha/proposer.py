@@ -1,0 +1,335 @@
+"""The proposer (candidate and holder) of the PaxosLease-style election (sans-IO).
+
+A **round** takes the lease, or renews it, in two phases:
+
+1. The proposer notes ``start = now`` *before* sending anything, then sends
+   :class:`Prepare` to every acceptor. Its lease, if granted, ends at
+   ``start + lease - margin`` on its own clock; every acceptor starts its
+   timer of ``lease`` only when the proposal arrives, later, so the holder's
+   lease always ends first (by the margin, which covers clock-rate error).
+2. On promises from a majority it picks the epoch and sends :class:`Propose`;
+   on acceptances from a majority it holds the lease until that deadline.
+
+The **epoch** (fencing token): a holder renewing keeps its epoch. Anyone
+else takes ``1 +`` the highest epoch known to the promising majority, and
+only when a majority of acceptors that *remember* answered (disk-backed, or
+diskless ones that never restarted or have learnt the epoch since): any
+earlier grant's majority shares a member with that one, so the new epoch
+is higher than every epoch granted before. Without such a majority (a
+restarted witness while an appliance is down) the proposer waits, unless
+an operator forces it (:meth:`Proposer.promote` with ``force``).
+
+Timers: the holder starts a round every ``renew`` seconds; a round has
+``renew`` seconds to finish; a holder whose renewals fail steps down
+``step_down_lead`` before its validity ends. A candidate told ``busy``
+tries again when the majority's grants will have run out.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from appliance.ha.messages import (
+    Accepted,
+    Handover,
+    Message,
+    Prepare,
+    Promise,
+    Propose,
+    Release,
+)
+from appliance.ha.schema import Timing
+
+HOLDOFF_LEASES = 2.0  # after handing over, stay away this many lease periods
+RETRY_JITTER = 0.01  # seconds: spreads candidates that were refused together
+
+
+@dataclass(frozen=True)
+class Acquired:
+    epoch: int
+    valid_until: float
+
+
+@dataclass(frozen=True)
+class Renewed:
+    epoch: int
+    valid_until: float
+
+
+@dataclass(frozen=True)
+class Lost:
+    epoch: int
+    reason: str  # "expired", "released", "handover", "maintenance", "restarted"
+
+
+Event = Acquired | Renewed | Lost
+
+ALL = "*"  # destination: every acceptor (the shell knows their addresses)
+
+
+@dataclass
+class Round:
+    req: int
+    ballot: int
+    start: float
+    renewal: bool  # started while holding: keeps the epoch
+    epoch: int = 0  # chosen in phase 2
+    phase: int = 1
+    promises: dict[str, Promise] | None = None
+    accepts: dict[str, Accepted] | None = None
+    refused: dict[str, Promise | Accepted] | None = None
+
+
+class Proposer:
+    def __init__(
+        self,
+        me: str,
+        group: str,
+        timing: Timing,
+        *,
+        acceptors: int,
+        quorum: int,
+        now: float,
+        incarnation: int,
+        rng: random.Random,
+        maintenance: bool = False,
+    ) -> None:
+        self.me = me
+        self.group = group
+        self.timing = timing
+        self.acceptors = acceptors
+        self.quorum = quorum
+        self.rng = rng
+        self.maintenance = maintenance
+        self.known_epoch = 0  # the highest epoch seen in any answer or granted to us
+        self.epoch = 0  # ours while holding
+        self.valid_until: float | None = None
+        self.round: Round | None = None
+        self.next_round = now
+        self.holdoff_until = 0.0
+        self.force_epoch = False
+        self.woken = False
+        self.ballot = 0
+        self._req = (incarnation & 0x7FFFFFFF) << 32
+        self.outbox: deque[tuple[str, Message]] = deque()
+        self.events: deque[Event] = deque()
+        self.last_refusal = ""  # why the last round failed, for status
+        self.holder_seen = ("", 0)  # (owner, epoch) of the live lease others report
+
+    # -- queries ----------------------------------------------------------------
+
+    def holding(self, now: float) -> bool:
+        return self.valid_until is not None and now < self.valid_until
+
+    def get_timer(self) -> float | None:
+        times = []
+        if self.valid_until is not None:
+            times.append(self.valid_until - self.timing.step_down_lead)
+        if self.round is not None:
+            times.append(self.round.start + self.timing.round_timeout)
+        elif self._may_run():
+            times.append(max(self.next_round, self.holdoff_until))
+        return min(times) if times else None
+
+    def _may_run(self) -> bool:
+        return not self.maintenance
+
+    # -- operator ---------------------------------------------------------------
+
+    def promote(self, now: float, *, force: bool = False) -> None:
+        """Become active if allowed: ask the holder to hand over, and try now."""
+        self.holdoff_until = 0.0
+        self.force_epoch = force
+        if not self.holding(now):
+            self.outbox.append((ALL, Handover(self.group, self._next_req())))
+            self.next_round = now
+            if self.round is not None and self.round.phase == 1:
+                self._maybe_propose(now)  # the promises in hand may do, forced
+
+    def demote(self, now: float) -> None:
+        """Step down (if holding) and leave the lease to the others for a while."""
+        self.holdoff_until = now + HOLDOFF_LEASES * self.timing.lease
+        self._release(now, "released")
+
+    def set_maintenance(self, on: bool, now: float) -> None:
+        self.maintenance = on
+        if on:
+            self._release(now, "maintenance")
+        else:
+            self.next_round = now
+
+    def shutdown(self, now: float) -> None:
+        self.maintenance = True
+        self._release(now, "released")
+
+    def wake(self, now: float) -> None:
+        """An acceptor freed a grant (a release reached us): try now rather than later
+        (or as soon as the round in flight fails, if it was refused before the release)."""
+        self.woken = True
+        if self.round is None and not self.holding(now):
+            self.next_round = min(self.next_round, now)
+
+    # -- timers -----------------------------------------------------------------
+
+    def handle_timer(self, now: float) -> None:
+        if self.valid_until is not None and now >= self.valid_until - self.timing.step_down_lead:
+            self._lose(now, "expired")
+        if self.round is not None and now >= self.round.start + self.timing.round_timeout:
+            self._fail(now, self._timeout_reason(self.round), retry=self.timing.renew / 2)
+        if (
+            self.round is None
+            and self._may_run()
+            and now >= max(self.next_round, self.holdoff_until)
+        ):
+            self._start(now)
+
+    def _start(self, now: float) -> None:
+        renewal = self.holding(now)
+        self.woken = False
+        self.ballot += 1
+        self.round = Round(self._next_req(), self.ballot, now, renewal, promises={}, refused={})
+        self.outbox.append((ALL, Prepare(self.group, self.round.req, self.ballot, self.acceptors)))
+
+    def _next_req(self) -> int:
+        self._req += 1
+        return self._req
+
+    # -- answers ----------------------------------------------------------------
+
+    def receive(self, sender: str, message: Message, now: float) -> None:
+        if isinstance(message, Handover):
+            if self.holding(now):
+                self.holdoff_until = now + HOLDOFF_LEASES * self.timing.lease
+                self._release(now, "handover")
+            return
+        rnd = self.round
+        if rnd is None or getattr(message, "req", None) != rnd.req:
+            return  # an answer to an older round, or a duplicate
+        self.known_epoch = max(self.known_epoch, message.known_epoch)
+        if not message.ok:
+            self._refused(sender, message, now)
+        elif isinstance(message, Promise) and rnd.phase == 1:
+            rnd.promises[sender] = message
+            self._maybe_propose(now)
+        elif isinstance(message, Accepted) and rnd.phase == 2:
+            rnd.accepts[sender] = message
+            if len(rnd.accepts) >= self.quorum:
+                self._granted(now)
+
+    def _refused(self, sender: str, message: Promise | Accepted, now: float) -> None:
+        rnd = self.round
+        assert rnd is not None
+        if isinstance(message, Promise) != (rnd.phase == 1):
+            return  # a refusal of the other phase: that phase is over
+        rnd.refused[sender] = message
+        if message.why == "busy":
+            self.holder_seen = (message.owner, getattr(message, "owner_epoch", 0))
+        self.ballot = max(self.ballot, message.promised_n)
+        if self.acceptors - len(rnd.refused) < self.quorum:
+            self._fail(now, self._reason(rnd), retry=self._retry_after(rnd))
+
+    def _maybe_propose(self, now: float) -> None:
+        rnd = self.round
+        assert rnd is not None and rnd.promises is not None
+        if len(rnd.promises) < self.quorum:
+            return
+        if rnd.renewal and self.holding(now):
+            epoch = self.epoch
+        else:
+            remembering = [p for p in rnd.promises.values() if not p.amnesic]
+            if len(remembering) < self.quorum and not self.force_epoch:
+                if len(rnd.promises) + len(rnd.refused) >= self.acceptors:
+                    self._fail(now, "amnesic", retry=self.timing.renew)
+                return  # wait: a remembering acceptor may still answer
+            epoch = max(self.known_epoch, *(p.known_epoch for p in rnd.promises.values())) + 1
+        rnd.phase, rnd.epoch, rnd.accepts = 2, epoch, {}
+        rnd.refused = {}
+        self.outbox.append(
+            (
+                ALL,
+                Propose(self.group, rnd.req, rnd.ballot, epoch, self.timing.lease, self.acceptors),
+            )
+        )
+
+    def _granted(self, now: float) -> None:
+        rnd = self.round
+        assert rnd is not None
+        self.round = None
+        valid_until = rnd.start + self.timing.usable
+        self.next_round = rnd.start + self.timing.renew
+        if now >= valid_until - self.timing.step_down_lead:
+            self.last_refusal = "granted too late"
+            return
+        was_holding = self.holding(now)
+        self.valid_until, self.epoch = valid_until, rnd.epoch
+        self.known_epoch = max(self.known_epoch, rnd.epoch)
+        self.force_epoch = False
+        self.last_refusal = ""
+        self.holder_seen = (self.me, rnd.epoch)
+        self.events.append(
+            Renewed(rnd.epoch, valid_until) if was_holding else Acquired(rnd.epoch, valid_until)
+        )
+
+    # -- failures ---------------------------------------------------------------
+
+    def _reason(self, rnd: Round) -> str:
+        return ",".join(sorted({m.why for m in rnd.refused.values()})) or "no majority"
+
+    def _timeout_reason(self, rnd: Round) -> str:
+        if rnd.phase == 1 and len(rnd.promises) >= self.quorum:
+            return "amnesic"  # a majority answered, but not a majority that remembers epochs
+        return f"timeout in phase {rnd.phase}" + (f" ({self._reason(rnd)})" if rnd.refused else "")
+
+    def _retry_after(self, rnd: Round) -> float:
+        """Seconds until a majority's grants (or restart waits) will have run out."""
+        answered = rnd.promises if rnd.phase == 1 else rnd.accepts
+        free_in = sorted(
+            [0.0] * len(answered)
+            + [m.left for m in rnd.refused.values() if m.why in ("busy", "restarting")]
+        )
+        if len(free_in) >= self.quorum and free_in[self.quorum - 1] > 0:
+            return free_in[self.quorum - 1] + self.rng.uniform(0, RETRY_JITTER)
+        return self.rng.uniform(0, self.timing.renew / 2)
+
+    def _fail(self, now: float, reason: str, *, retry: float) -> None:
+        self.round = None
+        self.last_refusal = reason
+        if self.holding(now):
+            retry = min(retry, self.timing.renew / 4)
+        if self.woken:
+            retry = min(retry, self.rng.uniform(0, RETRY_JITTER))
+        self.next_round = now + retry
+
+    def _release(self, now: float, reason: str) -> None:
+        if self.valid_until is None:
+            return
+        epoch = self.epoch
+        self._lose(now, reason)
+        self.outbox.append((ALL, Release(self.group, self._next_req(), epoch)))
+
+    def _lose(self, now: float, reason: str) -> None:
+        if self.valid_until is None:
+            return
+        self.valid_until = None
+        self.round = None  # a late grant of the current round must not revive us
+        self.next_round = now
+        self.holder_seen = ("", 0)
+        self.events.append(Lost(self.epoch, reason))
+
+    # -- status -----------------------------------------------------------------
+
+    def status(self, now: float) -> dict:
+        return {
+            "holding": self.holding(now),
+            "epoch": self.epoch if self.holding(now) else None,
+            "valid_for": round(self.valid_until - now, 3) if self.holding(now) else 0.0,
+            "known_epoch": self.known_epoch,
+            "maintenance": self.maintenance,
+            "holdoff": round(max(0.0, self.holdoff_until - now), 3),
+            "holder_seen": self.holder_seen[0],
+            "last_refusal": self.last_refusal,
+            "acceptors": self.acceptors,
+            "quorum": self.quorum,
+        }

@@ -1,0 +1,241 @@
+"""The election end to end on an explicit-time network: acquire, renew, fail over,
+hand over, maintenance, the amnesic witness, the opted-in pair."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from appliance.ha.messages import Promise, Propose
+from appliance.ha.proposer import Acquired, Proposer, Renewed
+from appliance.ha.schema import Timing
+from tests.unit.ha.harness import Net
+
+
+def started(*names, delay=0.001):
+    net = Net(delay=delay)
+    net.rack(*names)
+    net.run_until(1.5)
+    return net
+
+
+def test_one_node_takes_the_lease_after_the_restart_wait_and_renews_it():
+    net = started("a", "b")
+    assert len(net.holders()) == 1
+    ((t, holder, epoch),) = net.acquisitions()
+    assert 1.0 <= t < 1.1 and epoch == 1
+    net.run_until(3.0)
+    renewals = net.renewals(holder)
+    assert len(renewals) >= 5 and {r.epoch for r in renewals} == {1}
+    assert net.holders() == [holder] and len(net.acquisitions()) == 1
+
+
+def test_the_holder_starts_its_timer_before_it_asks():
+    net = started("a", "b", delay=0.05)  # each message takes 50 ms, a round 200 ms
+    holder = net.holders()[0]
+    events = [(t, e) for t, n, e in net.log if n == holder and isinstance(e, (Acquired, Renewed))]
+    assert events
+    for t, event in events:
+        # granted 0.2 s after asking: valid until ask + 0.85, not grant + 0.85
+        assert abs(event.valid_until - (t - 0.2 + 0.85)) < 1e-6
+
+
+def test_kill_the_holder_and_the_other_takes_over_with_a_higher_epoch():
+    net = started("a", "b")
+    old = net.holders()[0]
+    other = "b" if old == "a" else "a"
+    net.run_until(2.1)
+    net.kill(old)
+    net.run_until(4.0)
+    assert net.holders() == [other]
+    (_, _, e1), (t2, who, e2) = net.acquisitions()
+    assert who == other and e2 == e1 + 1
+    # the dead holder's last grant ran from its last renewal; the gap is at most a lease
+    assert t2 - 2.1 <= net.timing.lease + 0.05
+
+
+def test_a_holder_cut_off_steps_down_before_its_validity_ends():
+    net = started("a", "b")
+    old = net.holders()[0]
+    other = "b" if old == "a" else "a"
+    net.partition(old, other)
+    net.partition(old, "w")
+    net.run_until(4.0)
+    ((t_lost, who, reason),) = net.losses()
+    assert (who, reason) == (old, "expired")
+    last = net.renewals(old)[-1] if net.renewals(old) else None
+    assert last is None or t_lost <= last.valid_until - net.timing.step_down_lead + 1e-9
+    (t_new, new, _) = net.acquisitions()[-1]
+    assert new == other and t_new > t_lost + net.timing.margin
+
+
+def test_isolating_the_witness_changes_nothing():
+    net = started("a", "b")
+    holder = net.holders()[0]
+    net.kill("w")
+    net.run_until(5.0)
+    assert net.holders() == [holder] and len(net.acquisitions()) == 1 and not net.losses()
+
+
+def test_demote_releases_and_the_other_takes_over_at_once():
+    net = started("a", "b")
+    old = net.holders()[0]
+    net.nodes[old].demote(net.now)
+    net._flush(old)
+    net.run_until(net.now + 0.1)
+    assert net.holders() == ["b" if old == "a" else "a"]
+    assert net.losses()[-1][1:] == (old, "released")
+
+
+def test_promote_asks_the_holder_to_hand_over():
+    net = started("a", "b")
+    old = net.holders()[0]
+    new = "b" if old == "a" else "a"
+    net.nodes[new].promote(net.now)
+    net._flush(new)
+    net.run_until(net.now + 0.1)
+    assert net.holders() == [new]
+    assert net.losses()[-1][1:] == (old, "handover")
+    net.run_until(net.now + 3.0)
+    assert net.holders() == [new]  # the old holder stays away
+
+
+def test_a_node_in_maintenance_never_takes_the_lease_and_a_holder_going_in_hands_over():
+    net = Net()
+    net.rack("a", "b")
+    net.nodes["a"].set_maintenance(True, 0.0)
+    net.run_until(3.0)
+    assert net.holders() == ["b"]
+    net.nodes["b"].set_maintenance(True, net.now)
+    net._flush("b")
+    net.run_until(6.0)
+    assert net.holders() == [] and net.losses()[-1][1:] == ("b", "maintenance")
+    net.nodes["a"].set_maintenance(False, net.now)
+    net._flush("a")
+    net.run_until(net.now + 0.05)
+    assert net.holders() == ["a"]
+
+
+def test_a_restarted_witness_cannot_vouch_for_the_epoch_while_an_appliance_is_down():
+    net = started("a", "b")
+    old = net.holders()[0]
+    other = "b" if old == "a" else "a"
+    net.kill("w")
+    net.kill(old)
+    net.add_witness("w")  # restarted: it remembers no epoch
+    net.run_until(8.0)
+    assert net.holders() == []
+    assert net.nodes[other].proposer.last_refusal == "amnesic"
+    # the operator knows the dead appliance is dead and forces it
+    net.nodes[other].promote(net.now, force=True)
+    net._flush(other)
+    net.run_until(net.now + 0.1)
+    assert net.holders() == [other]
+    assert net.acquisitions()[-1][2] == 2
+
+
+def test_a_restarted_witness_learns_the_epoch_from_the_live_holder():
+    net = started("a", "b")
+    holder = net.holders()[0]
+    net.kill("w")
+    net.add_witness("w")
+    net.run_until(3.0)
+    assert not net.witnesses["w"].groups["rack1"].amnesic
+    net.kill(holder)
+    net.run_until(5.0)
+    assert len(net.holders()) == 1 and net.acquisitions()[-1][2] == 2
+
+
+def test_the_opted_in_pair_without_a_witness_splits_under_partition():
+    net = Net()
+    net.add_node("a", ["b"], [], split_brain_opt_in=True)
+    net.add_node("b", ["a"], [], split_brain_opt_in=True)
+    net.run_until(3.0)
+    assert len(net.holders()) == 1
+    net.partition("a", "b")
+    net.run_until(6.0)
+    assert sorted(net.holders()) == ["a", "b"]  # the documented risk of the opt-in
+
+
+def test_an_appliance_restart_keeps_its_epoch_on_disk():
+    net = started("a", "b")
+    holder = net.holders()[0]
+    other = "b" if holder == "a" else "a"
+    assert net.disk[holder] == 1 and net.disk[other] == 1
+    net.kill(other)
+    net.add_node(other, [holder], ["w"])  # restarted: knows epoch 1 from disk
+    assert net.nodes[other].acceptor.known_epoch == 1
+
+
+def test_two_candidates_at_once_end_with_one_holder():
+    net = Net()
+    net.add_witness("w")
+    net.add_witness("x")
+    for name in "abc":
+        net.add_node(name, [n for n in "abc" if n != name], ["w", "x"])
+    net.run_until(3.0)
+    assert len(net.holders()) == 1
+    assert len({e for _, _, e in net.acquisitions()}) == len(net.acquisitions())
+
+
+def promise(req, *, ok=True, why="", amnesic=False, known=0, left=0.0):
+    return Promise("rack1", req, 1, ok, why, "", 0, left, known, amnesic, 1, "a")
+
+
+def a_proposer(now=0.0):
+    return Proposer("a", "rack1", Timing(), acceptors=3, quorum=2, now=now, incarnation=1,
+                    rng=random.Random(1))  # fmt: skip
+
+
+def test_answers_to_an_older_round_and_duplicates_are_not_counted():
+    proposer = a_proposer()
+    proposer.handle_timer(0.0)
+    ((_, prepare),) = proposer.outbox
+    proposer.receive("w", promise(prepare.req - 1), 0.0)
+    proposer.receive("b", promise(prepare.req), 0.0)
+    proposer.receive("b", promise(prepare.req), 0.0)  # duplicated by the network
+    assert proposer.round.phase == 1
+    proposer.receive("w", promise(prepare.req), 0.0)
+    assert proposer.round.phase == 2
+    (_, propose) = proposer.outbox[-1]
+    assert isinstance(propose, Propose) and propose.epoch == 1
+
+
+def test_the_new_epoch_is_one_above_the_highest_known_by_the_majority():
+    proposer = a_proposer()
+    proposer.handle_timer(0.0)
+    req = proposer.outbox[0][1].req
+    proposer.receive("b", promise(req, known=7), 0.0)
+    proposer.receive("w", promise(req, known=3), 0.0)
+    assert proposer.outbox[-1][1].epoch == 8
+
+
+def test_an_amnesic_acceptor_does_not_make_the_majority_that_picks_the_epoch():
+    proposer = a_proposer()
+    proposer.handle_timer(0.0)
+    req = proposer.outbox[0][1].req
+    proposer.receive("a", promise(req, known=4), 0.0)
+    proposer.receive("w", promise(req, amnesic=True), 0.0)
+    assert proposer.round.phase == 1  # waits for b, which may remember more
+    proposer.receive("b", promise(req, known=5), 0.0)
+    assert proposer.outbox[-1][1].epoch == 6
+
+
+def test_refusals_that_leave_no_majority_end_the_round_and_wait_for_the_grants():
+    proposer = a_proposer()
+    proposer.handle_timer(0.0)
+    req = proposer.outbox[0][1].req
+    proposer.receive("a", promise(req, ok=False, why="busy", left=0.6), 0.0)
+    proposer.receive("w", promise(req, ok=False, why="busy", left=0.4), 0.0)
+    assert proposer.round is None and proposer.last_refusal == "busy"
+    # a majority is free once the later of the two grants ends
+    assert 0.6 <= proposer.next_round <= 0.6 + 0.011
+
+
+@pytest.mark.parametrize("lost", [True, False])
+def test_a_grant_that_comes_back_too_late_is_not_used(lost):
+    net = Net(delay=0.3 if lost else 0.01)  # a round takes 4 x delay: 1.2 s > lease - margin
+    net.rack("a", "b")
+    net.run_until(5.0)
+    assert bool(net.holders()) is not lost

@@ -1,0 +1,81 @@
+"""Election messages: round trips, and garbage refused with BadMessage only."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from appliance.ha import messages as m
+
+SAMPLES = [
+    m.Prepare("rack1", 7, 3, 3),
+    m.Promise("rack1", 7, 3, False, "busy", "ab" * 8, 4, 0.75, 4, True, 5, "cd" * 8),
+    m.Propose("rack1", 7, 3, 5, 1.0, 3),
+    m.Accepted("rack1", 7, 3, True, "", "ab" * 8, 1.0, 5, 3, "ab" * 8),
+    m.Release("rack1", 8, 5),
+    m.Handover("rack1", 9),
+]
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda x: x.TYPE)
+def test_every_message_round_trips(message):
+    data = m.encode(message)
+    assert len(data) < 200
+    assert m.decode_untrusted(data) == message
+
+
+def body(**changes):
+    raw = {"t": "prepare", "group": "rack1", "req": 1, "ballot": 1, "acceptors": 3}
+    raw.update(changes)
+    return msgpack.packb(raw)
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"\xc1", "not valid msgpack"),
+        (msgpack.packb([1, 2]), "not a map"),
+        (body(t="launch"), "unknown message type 'launch'"),
+        (body(ballot="1"), "field 'ballot' missing or of the wrong type"),
+        (body(ballot=True), "field 'ballot' missing or of the wrong type"),
+        (body(ballot=-1), "field 'ballot' out of range"),
+        (body(group="x" * 65), "field 'group' longer than 64"),
+        (msgpack.packb({"t": "prepare", "group": "r", "req": 1, "ballot": 1}), "'acceptors' missing"),
+        (msgpack.packb({"t": "handover", "group": "r", "req": 1, "x": msgpack.ExtType(1, b"")}),
+         "extension type"),
+        (b"\x80" + b"\x00" * 2000, "exceeds the cap of 1024"),
+    ],
+)  # fmt: skip
+def test_garbage_is_refused_with_a_reason(data, reason):
+    with pytest.raises(m.BadMessage, match=reason):
+        m.decode_untrusted(data)
+
+
+def test_a_float_out_of_range_is_refused():
+    raw = m.encode(SAMPLES[2]).replace(msgpack.packb(1.0), msgpack.packb(1e9))
+    with pytest.raises(m.BadMessage, match="'lease' out of range"):
+        m.decode_untrusted(raw)
+
+
+def test_extra_keys_from_a_newer_peer_are_ignored():
+    assert m.decode_untrusted(body(future=1)) == m.Prepare("rack1", 1, 1, 3)
+
+
+@given(st.binary(max_size=1100))
+def test_arbitrary_bytes_raise_only_bad_message(data):
+    try:
+        m.decode_untrusted(data)
+    except m.BadMessage:
+        pass
+
+
+@given(st.dictionaries(st.sampled_from(["t", "group", "req", "ballot", "acceptors", "ok", "left"]),
+                       st.one_of(st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=70), st.booleans(),
+                                 st.none(), st.sampled_from(list(m.TYPES)))))  # fmt: skip
+def test_arbitrary_maps_raise_only_bad_message(raw):
+    try:
+        m.decode_untrusted(msgpack.packb(raw))
+    except m.BadMessage:
+        pass
