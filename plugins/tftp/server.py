@@ -1,11 +1,18 @@
-"""The trio shell of the TFTP server: binds sockets, feeds the sans-IO cores, arms timers.
+"""The trio shell of the TFTP server: binds sockets, admits requests, hands transfers over.
 
 One listening socket per configured address (port 69 by default) receives
 requests; each admitted read request gets its own ephemeral socket, bound to
-the address the request arrived on (learnt with ``IP_PKTINFO``), and its own
-task running a :class:`~plugins.tftp.transfer.ReadTransfer`. Refusals that
-need no transfer (write requests, unknown modes, over ``max_transfers``) are
-answered from the listening socket, from the address the client asked.
+the address the request arrived on (learnt with ``IP_PKTINFO``), and a
+:class:`~plugins.tftp.transfer.ReadTransfer`. Refusals that need no transfer
+(write requests, unknown modes, over ``max_transfers``) are answered from the
+listening socket, from the address the client asked.
+
+Admission, the ``tftp_open`` hook, opening the file and negotiation happen
+here, in the trio thread; the data path (every ACK, every DATA, the
+retransmission timers) runs in one dedicated thread, the pump (``pump.py``),
+which hands each job back when it ends. The thread lives inside ``serve``:
+cancelling ``serve`` stops and joins it, then closes every socket and file it
+held.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from .packets import (
     encode_error,
     parse_untrusted,
 )
+from .pump import Job, Pump
 from .source import Source, open_path, open_root
 from .stats import Stats
 from .transfer import ReadTransfer, TransferComplete
@@ -45,8 +53,6 @@ IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux value; Python < 3.12 lack
 _PKTINFO = struct.Struct("@i4s4s")  # struct in_pktinfo: ifindex, spec_dst, addr
 _ANCILLARY = socket.CMSG_SPACE(_PKTINFO.size)
 REQUEST_BUFFER = 2048  # larger than any request (512): oversized ones are seen and refused
-ACK_BUFFER = 1024  # what a transfer socket reads: ACKs are 4 bytes, ERRORs short
-YIELD_EVERY = 32  # datagrams handled back to back before a transfer yields to the others
 
 Address = tuple[str, int]
 OpenHook = Callable[[str, "Client"], Any]
@@ -87,6 +93,9 @@ class TftpServer:
         self._ifindexes: set[int] = set()
         self.bound: list[Address] = []
         self._ended = trio.lowlevel.ParkingLot()
+        self._jobs: set[Job] = set()  # handed to the pump and not yet closed
+        self._pump: Pump | None = None
+        self._nursery: trio.Nursery | None = None
 
     async def wait_idle(self) -> None:
         """Return once no transfer is running."""
@@ -96,15 +105,25 @@ class TftpServer:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._ifindexes = {_ifindex(name) for name in self.config.interfaces}
         socks = []
+        token = trio.lowlevel.current_trio_token()
+        pump = Pump(self.stats, token.run_sync_soon, self._finished, self._refill,
+                    busy_poll=self.config.busy_poll)  # fmt: skip
         try:
             for address in self.config.addresses:
                 socks.append(await _listening_socket(str(address), self.config.port))
             self.bound = [s.getsockname() for s in socks]
             async with trio.open_nursery() as nursery:
+                self._pump, self._nursery = pump, nursery
+                nursery.start_soon(_run_thread, pump)
                 for sock in socks:
                     nursery.start_soon(self._listen, sock, nursery)
                 task_status.started(self.bound)
         finally:
+            # The pump thread has returned (the nursery waited for it): what it
+            # still held, and what was queued for it, is ours to close.
+            for job in list(self._jobs):
+                self._close(job)
+            pump.close()
             for sock in socks:
                 sock.close()
 
@@ -133,7 +152,7 @@ class TftpServer:
             if refusal is None:
                 self._clients.add(key)
                 self.stats.active += 1
-                nursery.start_soon(self._transfer, request, peer, local, ifindex)
+                nursery.start_soon(self._start_transfer, request, peer, local, ifindex)
             else:
                 await self._refuse(sock, refusal, peer, local)
 
@@ -163,21 +182,26 @@ class TftpServer:
 
     # -- transfers -----------------------------------------------------------
 
-    async def _transfer(self, request: Request, peer: Address, local: str, ifindex: int) -> None:
+    async def _start_transfer(self, request: Request, peer: Address, local: str, ifindex) -> None:
+        """Open what was asked and hand the transfer to the pump, or refuse it."""
+        job = None
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-                sock.setblocking(False)
-                sock.bind((local, 0))
-                await self._serve_request(sock, request, peer, local, ifindex)
+            sock.setblocking(False)
+            sock.bind((local, 0))
+            job = await self._prepare(sock, request, peer, local, ifindex)
         except Exception as exc:  # one transfer's bug or socket error must not stop the server
             self.stats.transfers["failed"] += 1
             log.error("transfer crashed", client=_fmt(peer), error=f"{type(exc).__name__}: {exc}")
         finally:
-            self.stats.active -= 1
-            self._clients.discard((peer, local))
-            self._ended.unpark_all()
+            if job is None:
+                sock.close()
+                self._release(peer, local)
+        if job is not None:
+            self._jobs.add(job)
+            self._pump.submit(job)
 
-    async def _serve_request(self, sock, request: Request, peer: Address, local, ifindex) -> None:
+    async def _prepare(self, sock, request: Request, peer: Address, local, ifindex) -> Job | None:
         client = Client(ipaddress.IPv4Address(peer[0]), peer[1], ipaddress.IPv4Address(local))
         try:
             source = await self._open(request.filename, client)
@@ -186,11 +210,26 @@ class TftpServer:
             log.info("refused", client=_fmt(peer), file=request.filename, reason=refused.message)
             _send_now(sock, encode_error(refused.code, refused.message), peer)
             self.stats.errors_sent[refused.code] += 1
-            return
+            return None
         try:
-            await self._run(sock, request, peer, source, ifindex)
-        finally:
+            cfg = self.config
+            netascii = request.mode == "netascii"
+            options = negotiate(
+                request.options,
+                file_size=None if netascii else source.size,
+                max_blksize=min(cfg.max_blksize, _mtu_blksize(ifindex)),
+                max_windowsize=cfg.max_windowsize,
+            )
+            started = time.monotonic()  # the pump's clock
+            machine = ReadTransfer(
+                source.read, source.size, options, started, netascii=netascii,
+                retries=cfg.retries, initial_timeout=cfg.timeout, max_timeout=cfg.max_timeout,
+            )  # fmt: skip
+        except BaseException:
             source.close()
+            raise
+        need = options.blksize * options.windowsize
+        return Job(sock, peer, machine, source, need, (request, local, options), started)
 
     async def _open(self, requested: str, client: Client) -> Source:
         if self._open_hook is not None:
@@ -212,86 +251,55 @@ class TftpServer:
                 raise Refused(ErrorCode.NOT_DEFINED, f"{requested}: server error")
         return await open_root(self.config.root, requested)
 
-    async def _run(self, sock, request: Request, peer: Address, source: Source, ifindex) -> None:
-        cfg = self.config
-        netascii = request.mode == "netascii"
-        options = negotiate(
-            request.options,
-            file_size=None if netascii else source.size,
-            max_blksize=min(cfg.max_blksize, _mtu_blksize(ifindex)),
-            max_windowsize=cfg.max_windowsize,
-        )
-        clock = trio.current_time
-        started = clock()
-        machine = ReadTransfer(
-            source.read, source.size, options, started, netascii=netascii,
-            retries=cfg.retries, initial_timeout=cfg.timeout, max_timeout=cfg.max_timeout,
-        )  # fmt: skip
-        try:
-            batch = await self._drive(sock, machine, peer, source, options)
-        finally:
-            self.stats.bytes_sent += machine.bytes_sent
-            self.stats.retransmits += machine.retransmits
-            self.stats.malformed += machine.malformed
+    # -- called by the pump, in this thread (run_sync_soon) --------------------
+
+    def _refill(self, job: Job) -> None:
+        """The pump needs file bytes that may not be cached: read them in a worker thread."""
+        self._nursery.start_soon(self._prefetch, job)
+
+    async def _prefetch(self, job: Job) -> None:
+        await job.source.prefetch(job.need)
+        if not job.closed:
+            self._pump.resume(job)
+
+    def _finished(self, job: Job) -> None:
+        """The pump is done with ``job``: count, log, close, free the slot."""
+        if job.closed:
+            return
+        self._close(job)
+        request, _local, options = job.info
+        machine = job.machine
+        if job.crash is not None:
+            self.stats.transfers["failed"] += 1
+            log.error("transfer crashed", client=_fmt(job.peer),
+                      error=f"{type(job.crash).__name__}: {job.crash}")  # fmt: skip
+            return
         # The final batch holds our ERROR when we ended the transfer with one.
+        batch = job.last_batch
         sent_error = bool(batch) and batch[-1][:2] == bytes((0, Opcode.ERROR))
         fields = {
-            "client": _fmt(peer), "file": request.filename, "seconds": round(clock() - started, 3),
+            "client": _fmt(job.peer), "file": request.filename,
+            "seconds": round(job.ended - job.started, 3),
             "blksize": options.blksize, "windowsize": options.windowsize, "tsize": options.tsize,
         }  # fmt: skip
         self._record(machine.next_event(), sent_error, fields)
 
-    async def _drive(self, sock, machine: ReadTransfer, peer, source: Source, options) -> list:
-        """Feed ``machine`` until it is done; returns the last batch it sent.
+    def _close(self, job: Job) -> None:
+        """Release ``job`` (the pump no longer holds it): counters, socket, file, slot."""
+        job.closed = True
+        self._jobs.discard(job)
+        machine = job.machine
+        self.stats.bytes_sent += machine.bytes_sent
+        self.stats.retransmits += machine.retransmits
+        self.stats.malformed += machine.malformed
+        job.sock.close()
+        job.source.close()
+        self._release(job.peer, job.info[1])
 
-        The hot path. One cancel scope is the retransmission timer: its deadline
-        is moved only when the machine's timer is earlier (normally the timer only
-        moves later, so a scope outlives many packets); when a stale deadline fires,
-        ``handle_timer`` ignores it and a new scope takes the machine's timer. A
-        datagram already queued is read without parking the task.
-        """
-        clock, stats, busy_poll = trio.current_time, self.stats, self.config.busy_poll
-        need = options.blksize * options.windowsize
-        buf = bytearray(ACK_BUFFER)
-        view = memoryview(buf)
-        streak = 0
-        while True:
-            with trio.CancelScope() as timer:
-                while True:
-                    if source.short_of(need):
-                        await source.prefetch(need)
-                    batch = machine.datagrams_to_send(clock())
-                    for datagram in batch:
-                        try:
-                            sock.sendto(datagram, peer)
-                        except OSError:
-                            await _send(sock, datagram, peer)  # waits for room, or logs
-                    if machine.done:
-                        return batch
-                    deadline = machine.get_timer()
-                    if deadline is not None and deadline < timer.deadline:
-                        timer.deadline = deadline
-                    try:
-                        n, sender = sock.recvfrom_into(buf)
-                    except BlockingIOError:
-                        got = _poll(sock, buf, busy_poll) if stats.active == 1 else None
-                        if got is None:
-                            streak = 0
-                            await trio.lowlevel.wait_readable(sock)
-                            continue
-                        n, sender = got
-                    if sender == peer:
-                        machine.receive_datagram(bytes(view[:n]), clock())
-                    else:
-                        stats.unknown_tid += 1
-                        stats.errors_sent[ErrorCode.UNKNOWN_TID] += 1
-                        error = encode_error(ErrorCode.UNKNOWN_TID, "unknown transfer ID")
-                        _send_now(sock, error, sender)
-                    streak += 1
-                    if streak >= YIELD_EVERY and not machine.done:
-                        streak = 0
-                        await trio.lowlevel.checkpoint()
-            machine.handle_timer(clock())
+    def _release(self, peer: Address, local: str) -> None:
+        self.stats.active -= 1
+        self._clients.discard((peer, local))
+        self._ended.unpark_all()
 
     def _record(self, event, sent_error: bool, fields: dict[str, Any]) -> None:
         if isinstance(event, TransferComplete):
@@ -310,7 +318,23 @@ class TftpServer:
         log.info(outcome, code=event.code, reason=event.reason, **fields)
 
 
-# -- sockets -------------------------------------------------------------------
+# -- sockets and the thread -----------------------------------------------------
+
+
+async def _run_thread(pump: Pump) -> None:
+    """Run the pump in its own thread until this task is cancelled, then stop and join it."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_when_cancelled, pump)
+        # Not abandoned on cancel: the thread is always joined before serve() cleans up.
+        await trio.to_thread.run_sync(pump.run, limiter=trio.CapacityLimiter(1))
+        nursery.cancel_scope.cancel()  # the pump returned by itself: stop the watcher
+
+
+async def _stop_when_cancelled(pump: Pump) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        pump.stop()
 
 
 async def _listening_socket(address: str, port: int) -> trio.socket.SocketType:
@@ -333,41 +357,12 @@ def _destination(ancdata: list, fallback: str) -> tuple[str, int]:
     return fallback, 0
 
 
-def _poll(sock: socket.socket, buf: bytearray, seconds: float) -> tuple[int, Address] | None:
-    """Poll a socket for up to ``seconds`` before parking: an ACK is usually one round
-    trip away, and on a VM a vCPU that halts meanwhile is slow to wake."""
-    if seconds <= 0:
-        return None
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        try:
-            return sock.recvfrom_into(buf)
-        except BlockingIOError:
-            pass
-    return None
-
-
 def _send_now(sock: socket.socket, datagram: bytes, peer: Address) -> None:
     """Best effort: a full buffer or an unreachable peer is left to the retransmit timer."""
     try:
         sock.sendto(datagram, peer)
     except OSError as exc:
         log.debug("send failed", client=_fmt(peer), error=str(exc))
-
-
-async def _send(sock: socket.socket, datagram: bytes, peer: Address) -> None:
-    while True:
-        try:
-            sock.sendto(datagram, peer)
-            return
-        except BlockingIOError:
-            # Shielded from the timer scope (a stale deadline must not lose a datagram),
-            # bounded on its own: a UDP send buffer drains in microseconds.
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
-                await trio.lowlevel.wait_writable(sock)
-        except OSError as exc:
-            log.debug("send failed", client=_fmt(peer), error=str(exc))
-            return
 
 
 def _ifindex(name: str) -> int:

@@ -1,14 +1,19 @@
 """What a transfer reads from: a file streamed in read-ahead chunks, or bytes in memory.
 
 The transfer machine calls ``read(offset, size)`` synchronously, always
-sequentially. Before each send the shell awaits ``prefetch(need)``, which reads
-the next chunk (1 MiB, or more for a large window) in a worker thread
-(``trio.to_thread``) when fewer than ``need`` bytes are buffered: the event
-loop never waits for the disk, and a file is never read whole.
+sequentially, from the pump thread (``pump.py``). Before pulling the machine
+the pump checks ``short_of(need)``; when fewer than ``need`` bytes are
+buffered it first tries ``fill_nowait``, a read of the next chunk (1 MiB, or
+more for a large window) that only copies from the page cache
+(``RWF_NOWAIT``) and so never waits for the disk. When the bytes are not
+cached (or the filesystem cannot say, like tmpfs) the trio side awaits
+``prefetch(need)``, which reads in a worker thread (``trio.to_thread``). A file
+is never read whole.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -22,7 +27,8 @@ CHUNK = 1 << 20  # bytes per read-ahead
 
 
 class Source:
-    """Bytes of one file for one transfer. Owned by one task."""
+    """Bytes of one file for one transfer. Used by one thread at a time: the pump, or
+    the trio side while the pump waits for its ``prefetch``."""
 
     def __init__(self, size: int, *, fd: int | None = None, data: bytes = b"") -> None:
         self.size = size
@@ -30,6 +36,8 @@ class Source:
         self._buf = memoryview(data)
         self._buf_at = 0  # file offset of _buf[0]
         self._pos = 0  # where the next sequential read starts
+        self._nowait = hasattr(os, "RWF_NOWAIT")  # cleared when the filesystem refuses it
+        self._error: OSError | None = None  # the last prefetch failed: read() raises it
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Source:
@@ -39,7 +47,9 @@ class Source:
         start = offset - self._buf_at
         if start >= 0 and start + size <= len(self._buf):
             chunk = bytes(self._buf[start : start + size])
-        elif self._fd is not None:  # not prefetched (never in the shell's order): read here
+        elif self._error is not None:
+            raise self._error  # the machine fails the transfer with the reason
+        elif self._fd is not None:  # not buffered (a file that shrank): read here
             chunk = os.pread(self._fd, size, offset)
         else:
             chunk = bytes(self._buf[max(start, 0) : max(start, 0) + size])
@@ -52,6 +62,26 @@ class Source:
             self._pos + need, self.size
         )
 
+    def fill_nowait(self, need: int) -> bool:
+        """Buffer the next chunk if the page cache holds it; False: ``prefetch`` it."""
+        if not self._nowait:
+            return False
+        pos = self._pos
+        length = min(max(need, CHUNK), self.size - pos)
+        buf = bytearray(length)
+        try:
+            n = os.preadv(self._fd, [buf], pos, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return False  # not cached: a worker thread waits for the disk
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                self._nowait = False  # this filesystem cannot tell: always prefetch
+            return False  # any other error: prefetch meets it and keeps it for read()
+        if n < min(need, self.size - pos):
+            return False  # partly cached
+        self._buf, self._buf_at = memoryview(buf)[:n], pos
+        return True
+
     async def prefetch(self, need: int) -> None:
         """Buffer at least ``need`` bytes past the read position (or up to the end)."""
         if not self.short_of(need):
@@ -59,8 +89,9 @@ class Source:
         pos, length = self._pos, max(need, CHUNK)
         try:
             data = await trio.to_thread.run_sync(os.pread, self._fd, length, pos)
-        except OSError:
-            return  # read() tries again in place, and the transfer reports the error
+        except OSError as exc:
+            self._error = exc  # read() raises it, and the transfer reports the error
+            return
         self._buf, self._buf_at = memoryview(data), pos
 
     def close(self) -> None:

@@ -25,7 +25,17 @@ class Stats(Collector):
         self.retransmits = 0
         self.errors_sent: Counter[int] = Counter()  # by TFTP error code
         self.malformed = 0  # datagrams dropped: not TFTP, or not valid here
-        self.unknown_tid = 0  # datagrams from another address/port than the transfer's client
+        # Datagrams from another address/port than the transfer's client, each answered
+        # with ERROR 5. Written by the pump thread only; every other counter by the trio
+        # thread only, so no update is lost. errors_sent never holds code 5: see errors().
+        self.unknown_tid = 0
+
+    def errors(self) -> Counter[int]:
+        """ERROR packets sent, by code (code 5 from ``unknown_tid``)."""
+        errors = Counter(self.errors_sent)
+        if self.unknown_tid:
+            errors[5] += self.unknown_tid
+        return errors
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -33,7 +43,7 @@ class Stats(Collector):
             "transfers": dict(self.transfers),
             "bytes_sent": self.bytes_sent,
             "retransmits": self.retransmits,
-            "errors_sent": {str(code): n for code, n in sorted(self.errors_sent.items())},
+            "errors_sent": {str(code): n for code, n in sorted(self.errors().items())},
             "malformed": self.malformed,
             "unknown_tid": self.unknown_tid,
         }
@@ -61,7 +71,7 @@ class Stats(Collector):
         errors = CounterMetricFamily(
             "rackboot_tftp_errors_sent", "ERROR packets sent, by TFTP error code.", labels=["code"]
         )
-        for code, n in sorted(self.errors_sent.items()):
+        for code, n in sorted(self.errors().items()):
             errors.add_metric([str(code)], n)
         yield errors
         yield CounterMetricFamily(

@@ -1,0 +1,301 @@
+"""The data path of the TFTP shell: one thread, one epoll loop, every running transfer.
+
+Why a thread: a trio task per transfer paid one task wake-up per ACK (epoll in
+the run loop, rescheduling, a cancel scope), about 60 µs of CPU per block,
+against 20-25 µs for a plain blocking loop (bench/README.md, bench.tftp). Here
+one loop waits on every transfer socket at once, reads the one ACK each ready
+socket holds, feeds it to that transfer's sans-IO machine and sends what the
+machine answers: under load one wake-up serves many transfers.
+
+The trio side (``server.py``) admits a request, opens the file, negotiates and
+builds the :class:`~plugins.tftp.transfer.ReadTransfer`, then hands a
+:class:`Job` over with :meth:`Pump.submit`; from then on the pump thread alone
+touches the job, until it hands it back through ``post`` (trio's
+``run_sync_soon``): ``finished`` once the machine is done (or the job crashed),
+``refill`` when its file needs a read that could wait for the disk. Nothing in
+here blocks except ``epoll`` itself: sockets are non-blocking, a full send
+buffer parks the rest of a window until the socket is writable, and file bytes
+are either buffered already or read with ``RWF_NOWAIT`` (page cache only).
+
+Timers: one heap of ``(deadline, seq, job)``. A job's entry is pushed only when
+its machine's timer is earlier than the one armed (normally each send moves the
+timer later, so a steady transfer costs one heap entry per timeout period); an
+entry that is no longer the job's armed deadline is dropped when popped, and
+``handle_timer`` ignores a deadline not yet due.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from appliance.logs import get_logger
+
+from .packets import ErrorCode, encode_error
+from .source import Source
+from .stats import Stats
+from .transfer import ReadTransfer
+
+log = get_logger("tftp")
+
+ACK_BUFFER = 1024  # what a transfer socket reads: ACKs are 4 bytes, ERRORs short
+_IN = select.EPOLLIN
+_IN_OUT = select.EPOLLIN | select.EPOLLOUT
+_NEVER = float("inf")
+_UNKNOWN_TID = encode_error(ErrorCode.UNKNOWN_TID, "unknown transfer ID")
+
+Address = tuple[str, int]
+Post = Callable[..., Any]  # trio's TrioToken.run_sync_soon: call fn(*args) in the trio thread
+
+
+class Job:
+    """One running transfer: its socket, machine and source, owned by one thread at a time."""
+
+    __slots__ = (
+        "sock", "fd", "peer", "machine", "source", "need", "info", "started", "ended",
+        "armed", "seq", "last_batch", "backlog", "waiting", "refilled", "crash", "closed",
+    )  # fmt: skip
+
+    def __init__(
+        self, sock, peer: Address, machine: ReadTransfer, source: Source, need: int, info: Any,
+        started: float,
+    ) -> None:  # fmt: skip
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.peer = peer
+        self.machine = machine
+        self.source = source
+        self.need = need  # bytes the machine may read for one window
+        self.info = info  # the server's own record of the request (for its log line)
+        self.started = started
+        self.ended = started
+        self.armed = _NEVER  # the deadline this job has in the heap
+        self.seq = 0
+        self.last_batch: list[bytes] = []  # holds our ERROR when we ended the transfer with one
+        self.backlog: deque[bytes] = deque()  # datagrams waiting for room in the send buffer
+        self.waiting = False  # a refill is out (trio reads the file); the machine is not pulled
+        self.refilled = False  # the refill is back: pull once whatever the buffer holds
+        self.crash: BaseException | None = None
+        self.closed = False
+
+
+class Pump:
+    """The loop. :meth:`run` is the thread's body; the other public methods are
+    called from the trio thread and only queue work and wake the loop."""
+
+    def __init__(
+        self, stats: Stats, post: Post, finished: Callable[[Job], None],
+        refill: Callable[[Job], None], *, busy_poll: float = 0.0,
+    ) -> None:  # fmt: skip
+        self._stats = stats  # the pump writes stats.unknown_tid, and no other counter
+        self._post = post
+        self._finished = finished
+        self._refill = refill
+        self._busy_poll = busy_poll
+        self._epoll = select.epoll()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll.register(self._wake_fd, _IN)
+        self._inbox: deque[Job] = deque()  # new jobs and refilled ones, from trio
+        self._jobs: dict[int, Job] = {}  # by socket fd
+        self._timers: list[tuple[float, int, Job]] = []
+        self._seq = itertools.count()
+        self._stopping = False
+
+    # -- from the trio thread ----------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Start driving ``job`` (its first datagrams go out from the pump thread)."""
+        self._inbox.append(job)
+        self._wake()
+
+    def resume(self, job: Job) -> None:
+        """``job``'s refill is done (successfully or not: the source knows)."""
+        job.refilled = True
+        self._inbox.append(job)
+        self._wake()
+
+    def stop(self) -> None:
+        """Make :meth:`run` return soon; the jobs it held stay for the caller to close."""
+        self._stopping = True
+        self._wake()
+
+    def close(self) -> None:
+        """After :meth:`run` returned: release the loop's own descriptors."""
+        self._epoll.close()
+        os.close(self._wake_fd)
+
+    def _wake(self) -> None:
+        try:
+            os.eventfd_write(self._wake_fd, 1)
+        except BlockingIOError:
+            pass  # the counter is saturated: the loop is awake anyway
+
+    # -- the thread ----------------------------------------------------------
+
+    def run(self) -> None:
+        thread = threading.current_thread()
+        name, thread.name = thread.name, "tftp-pump"  # in stack dumps and py-spy
+        try:
+            self._loop()
+        finally:
+            thread.name = name  # the thread goes back to trio's cache
+
+    def _loop(self) -> None:
+        clock, poll, jobs, heap = time.monotonic, self._epoll.poll, self._jobs, self._timers
+        buf = bytearray(ACK_BUFFER)
+        view = memoryview(buf)
+        while not self._stopping:
+            now = clock()
+            wait = max(heap[0][0] - now, 0.0) if heap else -1.0
+            events = None
+            if self._busy_poll and len(jobs) == 1 and not self._inbox:
+                events = self._spin(self._busy_poll if wait < 0 else min(self._busy_poll, wait))
+            if not events:
+                events = poll(wait)
+            now = clock()
+            for fd, mask in events:
+                job = jobs.get(fd)
+                if job is None:
+                    if fd == self._wake_fd:
+                        self._take_inbox(now)
+                    continue
+                try:
+                    if mask & select.EPOLLOUT:
+                        self._flush(job)
+                    if mask & ~select.EPOLLOUT:
+                        self._receive(job, buf, view, now)
+                    self._step(job, now)
+                except Exception as exc:  # one transfer's bug must not stop the others
+                    self._crash(job, exc)
+            while heap and heap[0][0] <= now:
+                deadline, _, job = heapq.heappop(heap)
+                if job.armed != deadline or jobs.get(job.fd) is not job:
+                    continue  # superseded by an earlier deadline, or finished
+                job.armed = _NEVER
+                try:
+                    job.machine.handle_timer(now)
+                    self._step(job, now)
+                except Exception as exc:
+                    self._crash(job, exc)
+
+    def _spin(self, seconds: float) -> list:
+        """Poll without sleeping for up to ``seconds``: a lone lock-step transfer's ACK
+        is one round trip away, and a vCPU that halts meanwhile is slow to wake."""
+        poll, end = self._epoll.poll, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            events = poll(0)
+            if events:
+                return events
+        return []
+
+    def _take_inbox(self, now: float) -> None:
+        try:
+            os.eventfd_read(self._wake_fd)
+        except BlockingIOError:
+            pass
+        while self._inbox:
+            job = self._inbox.popleft()
+            try:
+                if job.fd not in self._jobs:
+                    self._epoll.register(job.fd, _IN)
+                    self._jobs[job.fd] = job
+                job.waiting = False
+                self._step(job, now)
+            except Exception as exc:
+                self._crash(job, exc)
+
+    def _receive(self, job: Job, buf: bytearray, view: memoryview, now: float) -> None:
+        # One datagram per wake-up: epoll is level-triggered, so a second one queued
+        # comes back with the next poll, and lock-step never pays for an empty read.
+        try:
+            n, sender = job.sock.recvfrom_into(buf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return  # e.g. an ICMP error queued on the socket: the timer covers it
+        if sender == job.peer:
+            job.machine.receive_datagram(bytes(view[:n]), now)
+        else:  # another address or port: RFC 1350 ERROR 5, the transfer goes on
+            self._stats.unknown_tid += 1
+            _send_best_effort(job.sock, _UNKNOWN_TID, sender)
+
+    def _step(self, job: Job, now: float) -> None:
+        """Pull what the machine has to send, send it, then finish or re-arm the timer."""
+        if job.waiting or job.backlog:
+            return  # stepped again once the refill is back or the send buffer has drained
+        machine, source = job.machine, job.source
+        if machine.done:
+            pass  # nothing to read: only a final ERROR may be left to send
+        elif job.refilled:
+            job.refilled = False  # whatever the refill got: a failed read fails the transfer
+        elif source.short_of(job.need) and not source.fill_nowait(job.need):
+            job.waiting = True
+            self._post(self._refill, job)
+            return
+        batch = machine.datagrams_to_send(now)
+        if batch:
+            job.last_batch = batch
+            self._send(job, batch)
+        if machine.done:
+            if not job.backlog:  # else the final ERROR goes out first (stepped after _flush)
+                self._finish(job, now)
+            return
+        deadline = machine.get_timer()
+        if deadline is not None and deadline < job.armed:
+            job.armed = deadline
+            heapq.heappush(self._timers, (deadline, next(self._seq), job))
+
+    def _send(self, job: Job, batch: list[bytes]) -> None:
+        sock, peer = job.sock, job.peer
+        for i, datagram in enumerate(batch):
+            try:
+                sock.sendto(datagram, peer)
+            except BlockingIOError:
+                # The send buffer is full (a large window): the rest waits for EPOLLOUT.
+                job.backlog.extend(batch[i:])
+                self._epoll.modify(job.fd, _IN_OUT)
+                return
+            except OSError as exc:
+                log.debug("send failed", client=f"{peer[0]}:{peer[1]}", error=str(exc))
+
+    def _flush(self, job: Job) -> None:
+        backlog = job.backlog
+        while backlog:
+            try:
+                job.sock.sendto(backlog[0], job.peer)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                log.debug("send failed", client=f"{job.peer[0]}:{job.peer[1]}", error=str(exc))
+            backlog.popleft()
+        self._epoll.modify(job.fd, _IN)
+
+    def _crash(self, job: Job, exc: BaseException) -> None:
+        job.crash = exc
+        self._finish(job, time.monotonic())
+
+    def _finish(self, job: Job, now: float) -> None:
+        if self._jobs.get(job.fd) is job:
+            del self._jobs[job.fd]
+            self._epoll.unregister(job.fd)
+        job.armed = _NEVER
+        job.ended = now
+        self._post(self._finished, job)
+
+    def held(self) -> list[Job]:
+        """After :meth:`run` returned: the jobs it still held (running or queued)."""
+        return [*self._jobs.values(), *self._inbox]
+
+
+def _send_best_effort(sock, datagram: bytes, to: Address) -> None:
+    try:
+        sock.sendto(datagram, to)
+    except OSError as exc:
+        log.debug("send failed", client=f"{to[0]}:{to[1]}", error=str(exc))
