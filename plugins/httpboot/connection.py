@@ -1,0 +1,313 @@
+"""One HTTP/1.1 connection: h11 parses, this loop reads, routes and sends (trio shell).
+
+Keep-alive until the client closes, says ``Connection: close``, or stays idle
+for ``idle_timeout``. From its first byte a request (head and body) must be in
+within ``request_timeout``; a response whose client takes nothing for
+``send_timeout`` is cut. Heads are capped by h11's ``max_incomplete_event_size``
+(431), bodies by the route's ``max_body`` (413). A connection that cannot be
+reused (an unread body, a protocol error) is answered with ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+
+import h11
+import trio
+
+from appliance.logs import get_logger
+
+from .conditional import http_date
+from .files import fit_to_request
+from .messages import Request, Response, Route
+from .router import Router
+from .sendfile import FileChanged, SendTimeout, send_head_and_file
+from .stats import Stats
+from .urlpath import BadTarget, split_target_untrusted
+
+log = get_logger("httpboot")
+access = get_logger("httpboot.access")
+
+RECEIVE_SIZE = 65536
+SERVER = b"rackboot"
+MAX_LOGGED_TARGET = 256
+LINGER_SECONDS = 2.0  # after an error with the request body unread: let the client see it
+LINGER_BYTES = 256 << 10
+
+
+@dataclass(frozen=True)
+class Limits:
+    request_timeout: float = 10.0
+    idle_timeout: float = 60.0
+    send_timeout: float = 30.0
+    max_header_bytes: int = 16 << 10
+
+
+class _Timeout(Exception):
+    def __init__(self, phase: str) -> None:
+        self.phase = phase
+
+
+def _body_length(request: Request) -> int | None:
+    """The declared body size (chunked: 1, read to see), 0 for none; ``None`` if unreadable."""
+    if b"chunked" in (request.header(b"transfer-encoding") or b"").lower():
+        return 1
+    declared = request.header(b"content-length")
+    if declared is None:
+        return 0
+    return int(declared) if declared.isdigit() and len(declared) < 19 else None
+
+
+class _Date:
+    """The Date header, formatted once a second at most."""
+
+    def __init__(self) -> None:
+        self._second, self._value = -1, b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self._second:
+            self._second, self._value = second, http_date(second)
+        return self._value
+
+
+_date = _Date()
+
+
+class Connection:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        router: Router,
+        limits: Limits,
+        stats: Stats,
+        client: tuple[str, int],
+        local: tuple[str, int],
+        access_log: bool = True,
+    ) -> None:
+        self.stream = stream
+        self.router = router
+        self.limits = limits
+        self.stats = stats
+        self.client, self.local = client, local
+        self.access_log = access_log
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        self.phase = "request"  # a new connection owes its first request within request_timeout
+        self.request_started = trio.current_time()
+        self.deadline = self.request_started + limits.request_timeout
+
+    async def serve(self) -> None:
+        try:
+            while await self._one_exchange():
+                self.h11.start_next_cycle()
+                self.phase = "idle"
+                self.deadline = trio.current_time() + self.limits.idle_timeout
+                if self.h11.trailing_data[0]:  # a pipelined request is already here
+                    self._request_started()
+        except _Timeout as timeout:
+            self.stats.timeouts[timeout.phase] += 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+            pass  # the client went away
+        finally:
+            with trio.move_on_after(0.5) as cleanup:
+                cleanup.shield = True
+                await self.stream.aclose()
+
+    def _request_started(self) -> None:
+        self.phase = "request"
+        self.request_started = trio.current_time()
+        self.deadline = self.request_started + self.limits.request_timeout
+
+    async def _fill(self) -> None:
+        with trio.move_on_at(self.deadline) as scope:
+            data = await self.stream.receive_some(RECEIVE_SIZE)
+        if scope.cancelled_caught:
+            raise _Timeout(self.phase)
+        if data and self.phase == "idle":
+            self._request_started()
+        self.h11.receive_data(data)
+
+    async def _next_event(self) -> h11.Event:
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            await self._fill()
+
+    async def _one_exchange(self) -> bool:
+        """Serve one request; whether the connection stays open for another."""
+        try:
+            event = await self._next_event()
+        except h11.RemoteProtocolError as exc:
+            self.stats.malformed += 1
+            await self._send_error(exc.error_status_hint)
+            return False
+        if isinstance(event, h11.ConnectionClosed):
+            return False
+        assert isinstance(event, h11.Request), event
+        request, response, route = self._route(event)
+        declared = _body_length(request)
+        if declared is None:
+            self.stats.malformed += 1
+            response, route = Response.error(400), None
+        elif route is not None:
+            refused = await self._read_body(request, declared, route.max_body)
+            response = refused or await self._call(route, request)
+        elif declared == 0:
+            await self._next_event()  # EndOfMessage: the connection stays usable
+        if response.stat is not None:
+            response = fit_to_request(request, response)
+        reusable = self.h11.their_state is h11.DONE
+        try:
+            sent = await self._send(request, response, close=not reusable)
+        finally:
+            response.close()
+        self._log(request, response.status, sent)
+        if not reusable:
+            await self._linger()
+        return reusable and self.h11.our_state is h11.DONE
+
+    def _route(self, event: h11.Request) -> tuple[Request, Response, Route | None]:
+        method = event.method.decode("ascii", "replace")
+        headers: dict[bytes, bytes] = {}
+        for name, value in event.headers:
+            headers[name] = headers[name] + b", " + value if name in headers else value
+        request = Request(method, "", b"", headers, self.client, self.local, target=event.target)
+        try:
+            request.path, request.query = split_target_untrusted(event.target)
+        except BadTarget as exc:
+            self.stats.malformed += 1
+            return request, Response.error(exc.status), None
+        match = self.router.match(method, request.path)
+        if match.route is None:
+            if not match.allowed:
+                return request, Response.error(404), None
+            refused = Response.error(405)
+            refused.headers.append((b"allow", ", ".join(match.allowed).encode()))
+            return request, refused, None
+        request.params = match.params
+        return request, Response(), match.route
+
+    async def _read_body(self, request: Request, declared: int, limit: int) -> Response | None:
+        """Read the body into ``request.body``, or the error response refusing it."""
+        if declared > limit:
+            self.stats.malformed += 1
+            return Response.error(413)
+        if self.h11.they_are_waiting_for_100_continue:
+            await self.stream.send_all(self.h11.send(h11.InformationalResponse(status_code=100)))
+        body = bytearray()
+        while True:
+            try:
+                part = await self._next_event()
+            except h11.RemoteProtocolError:
+                self.stats.malformed += 1
+                return Response.error(400)
+            if isinstance(part, h11.EndOfMessage):
+                request.body = bytes(body)
+                return None
+            if isinstance(part, h11.ConnectionClosed):
+                raise trio.BrokenResourceError
+            body += part.data
+            if len(body) > limit:
+                self.stats.malformed += 1
+                return Response.error(413)
+
+    async def _call(self, route: Route, request: Request) -> Response:
+        try:
+            response = route.handler(request)
+            if inspect.isawaitable(response):
+                response = await response
+            if not isinstance(response, Response):
+                raise TypeError(f"handler returned {type(response).__name__}, not a Response")
+            return response
+        except Exception as exc:
+            log.error(
+                "route handler failed",
+                route=route.name or route.pattern,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return Response.error(500)
+
+    async def _send(self, request: Request, response: Response, close: bool) -> int:
+        """Send ``response``; the body bytes sent."""
+        bodyless = request.method == "HEAD" or response.status == 304 or response.status < 200
+        length = len(response.region) if response.region is not None else len(response.body)
+        headers = [(b"server", SERVER), (b"date", _date.now()), *response.headers]
+        if response.status != 304:
+            headers.append((b"content-length", b"%d" % length))
+        if close:
+            headers.append((b"connection", b"close"))
+        head = self.h11.send(
+            h11.Response(
+                status_code=response.status,
+                headers=headers,
+                reason=HTTPStatus(response.status).phrase.encode(),
+            )
+        )
+        if response.region is not None and not bodyless and length:
+            self.h11.send_with_data_passthrough(h11.Data(data=response.region))
+            self.h11.send(h11.EndOfMessage())
+            try:
+                await send_head_and_file(
+                    self.stream, head, response.region, self.limits.send_timeout
+                )
+            except SendTimeout:
+                raise _Timeout("send") from None
+            except FileChanged:
+                log.error("file shrank while it was sent", path=request.path)
+                raise trio.BrokenResourceError from None
+        else:
+            data = head
+            if response.body and not bodyless:
+                data += self.h11.send(h11.Data(data=response.body))
+            data += self.h11.send(h11.EndOfMessage())
+            with trio.move_on_after(self.limits.send_timeout) as scope:
+                await self.stream.send_all(data)
+            if scope.cancelled_caught:
+                raise _Timeout("send")
+        sent = 0 if bodyless else length
+        self.stats.bytes_sent += sent
+        return sent
+
+    async def _send_error(self, status: int) -> None:
+        """Answer a request h11 could not parse, if it is still possible to answer."""
+        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        request = Request("", "", b"", {}, self.client, self.local)
+        try:
+            sent = await self._send(request, Response.error(status), close=True)
+        except h11.LocalProtocolError:
+            return
+        self._log(request, status, sent)
+        await self._linger()
+
+    async def _linger(self) -> None:
+        """Stop sending, then read and drop what the client still sends for a moment, so
+        the close does not reset the connection before the client has read our answer."""
+        try:
+            await self.stream.send_eof()
+        except (AttributeError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            return
+        drained = 0
+        with trio.move_on_after(LINGER_SECONDS):
+            while drained < LINGER_BYTES:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    break
+                drained += len(data)
+
+    def _log(self, request: Request, status: int, sent: int) -> None:
+        self.stats.count_request(request.method, status)
+        if self.access_log:
+            access.info(
+                "request",
+                client=self.client[0],
+                method=request.method or "-",
+                target=request.target[:MAX_LOGGED_TARGET].decode("ascii", "replace") or "-",
+                status=status,
+                bytes=sent,
+                ms=round((trio.current_time() - self.request_started) * 1000, 1),
+            )

@@ -1,0 +1,320 @@
+"""The ``httpboot`` plugin: the ``[httpboot]`` section, hooks, the ``httpboot.server`` service, status.
+
+Roles: scripts and files are served on every node (they are a pure function
+of the configuration and the token secret, like TFTP's files); events are
+recorded only by the active node, a standby answers 503 with ``Retry-After``
+so the installer tries again and reaches the active one. See docs/httpboot.md.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from appliance.api import (
+    Bool,
+    Field,
+    Float,
+    Int,
+    IPv4Address,
+    List,
+    Role,
+    Section,
+    Service,
+    Str,
+    TableList,
+    hookimpl,
+)
+from appliance.errors import ConfigError, PluginError
+from appliance.logs import get_logger
+
+from . import hookspecs
+from .connection import Limits
+from .identity import parse_mac_untrusted
+from .router import RouteConflict, Router
+from .routes import BootPolicy, BuiltinRoutes
+from .script import Profile
+from .server import HttpServer
+from .stats import Stats
+from .store import EventStore, load_secret
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from appliance.config import Config
+    from appliance.node import Node
+
+log = get_logger("httpboot")
+
+_NAME = r"[A-Za-z0-9_.-]{1,64}"
+_MAC = r"[0-9a-fA-F]{2}([-:])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}"
+_NO_SPACE = r"[^\s]*"
+
+_PROFILE = {
+    "name": Field(Str(_NAME, "a profile name (letters, digits, _ . -)"), example="default"),
+    "kernel": Field(
+        Str(_NO_SPACE, "a file name under root or an http:// URL, without spaces"),
+        default="vmlinuz",
+        doc="Kernel: a name under root (served at /boot/NAME), an absolute URL, or '' for the local disk.",
+    ),
+    "initrd": Field(
+        List(Str(r"[^\s]+", "a file name under root or an http:// URL")),
+        default=(),
+        doc="Initrds, in order (names under root or URLs).",
+    ),
+    "cmdline": Field(
+        Str(r"[^\r\n]*", "one line of kernel parameters"),
+        default="",
+        doc="Kernel command line ({mac} and {base} replaced); Rackboot adds rackboot.events and rackboot.token.",
+    ),
+}
+
+_MACHINE = {
+    "mac": Field(Str(_MAC, "a MAC address 'aa:bb:cc:dd:ee:ff'"), example="52:54:00:12:34:56"),
+    "profile": Field(Str(_NAME, "a profile name"), example="default"),
+}
+
+_DEFAULT_PROFILE = {"name": "default", "kernel": "vmlinuz", "initrd": ["initrd.img"]}
+
+SECTION = Section(
+    "httpboot",
+    doc="HTTP boot: iPXE scripts per machine, boot files, the installers' events API.",
+    fields={
+        "enabled": Field(Bool(), default=True, doc="Serve HTTP at all."),
+        "addresses": Field(
+            List(IPv4Address()),
+            default=("0.0.0.0",),
+            dev_default=("127.0.0.1",),
+            doc="Addresses to listen on ('0.0.0.0': all).",
+        ),
+        "port": Field(Int(min=0, max=65535), default=80, dev_default=8080, doc="TCP port."),
+        "root": Field(
+            Str(r"(/.*)?", "an absolute directory path, or '' for <data_dir>/httpboot/root"),
+            default="/srv/rackboot/http",
+            dev_default="",
+            doc="Directory served at /boot/ (created if missing). Symlinks leaving it are refused.",
+        ),
+        "base_url": Field(
+            Str(r"(https?://[^\s/?#]+)?", "'' or a URL such as 'http://192.0.2.1:8080'"),
+            default="",
+            doc="URL machines reach this server at, for the scripts (default: the address and port each request came to).",
+        ),
+        "default_profile": Field(
+            Str(_NAME, "a profile name"), default="default", doc="Profile of machines not listed."
+        ),
+        "profiles": Field(
+            TableList(_PROFILE), default=[_DEFAULT_PROFILE], doc="Boot profiles (iPXE scripts)."
+        ),
+        "machines": Field(
+            TableList(_MACHINE, max_items=100_000),
+            default=(),
+            doc="Machine -> profile (DHCP reservations' 'profile' counts too).",
+        ),
+        "admin_token": Field(
+            Str(r"([A-Za-z0-9._~+/-]{32,256})?", "'' or a token of 32-256 URL-safe characters"),
+            default="",
+            doc="Bearer token for the admin routes; '' disables them (the safe default).",
+        ),
+        "secret_file": Field(
+            Str(r"(/.*)?", "'' or an absolute file path"),
+            default="",
+            doc="Secret the machines' event tokens derive from (default <data_dir>/httpboot/secret, created 0600).",
+        ),
+        "max_connections": Field(
+            Int(min=1, max=100_000), default=512, doc="Open connections; past it: 503 and close."
+        ),
+        "request_timeout": Field(
+            Float(min=0.1, max=3600.0),
+            default=10.0,
+            doc="Seconds from a request's first byte until its head and body are in.",
+        ),
+        "idle_timeout": Field(
+            Float(min=0.1, max=3600.0),
+            default=60.0,
+            doc="Seconds a kept-alive connection may wait for its next request.",
+        ),
+        "send_timeout": Field(
+            Float(min=0.1, max=3600.0),
+            default=30.0,
+            doc="Seconds a client may take no bytes of a response before it is cut.",
+        ),
+        "max_event_bytes": Field(
+            Int(min=256, max=65536), default=4096, doc="Largest event body accepted (413 past it)."
+        ),
+        "retain_events": Field(
+            Int(min=1, max=100_000), default=256, doc="Events kept per machine (oldest dropped)."
+        ),
+        "access_log": Field(Bool(), default=True, doc="Log one line per request."),
+    },
+)
+
+
+def _profiles(settings: Any, source: str) -> dict[str, Profile]:
+    profiles: dict[str, Profile] = {}
+    for i, p in enumerate(settings.profiles):
+        if p.name in profiles:
+            raise ConfigError(
+                source, f"httpboot.profiles[{i}].name", "a profile name not used before", p.name
+            )
+        profiles[p.name] = Profile(p.name, p.kernel, tuple(p.initrd), p.cmdline)
+    if settings.default_profile not in profiles:
+        raise ConfigError(
+            source, "httpboot.default_profile",
+            f"one of the profiles ({', '.join(sorted(profiles)) or 'none defined'})",
+            settings.default_profile,
+        )  # fmt: skip
+    return profiles
+
+
+def _machines(config: Config, profiles: dict[str, Profile]) -> dict[str, str]:
+    """mac -> profile: DHCP reservations' ``profile``, then ``[[httpboot.machines]]``."""
+    known = ", ".join(sorted(profiles))
+    machines: dict[str, str] = {}
+    dhcp = config.sections.get("dhcp")
+    for i, r in enumerate(dhcp.reservations if dhcp is not None else ()):
+        if r.profile is None or r.mac is None:
+            continue
+        if r.profile not in profiles:
+            raise ConfigError(
+                config.source, f"dhcp.reservations[{i}].profile", f"one of [httpboot] profiles ({known})", r.profile
+            )  # fmt: skip
+        machines[parse_mac_untrusted(r.mac) or r.mac] = r.profile
+    seen: set[str] = set()
+    for i, m in enumerate(config["httpboot"].machines):
+        mac = parse_mac_untrusted(m.mac) or m.mac
+        if mac in seen:
+            raise ConfigError(config.source, f"httpboot.machines[{i}].mac", "a MAC not listed before", m.mac)  # fmt: skip
+        if m.profile not in profiles:
+            raise ConfigError(
+                config.source, f"httpboot.machines[{i}].profile", f"one of the profiles ({known})", m.profile
+            )  # fmt: skip
+        seen.add(mac)
+        machines[mac] = m.profile
+    return machines
+
+
+class HttpBootPlugin:
+    def __init__(self) -> None:
+        self.pm: pluggy.PluginManager | None = None
+        self.settings: Any = None
+        self.policy: BootPolicy | None = None
+        self.active = False
+        self.service: _Service | None = None
+
+    @hookimpl
+    def rackboot_addhooks(self, pluginmanager: pluggy.PluginManager) -> None:
+        pluginmanager.add_hookspecs(hookspecs)
+        self.pm = pluginmanager
+
+    @hookimpl
+    def rackboot_config_schema(self) -> Section:
+        return SECTION
+
+    @hookimpl
+    def rackboot_configure(self, config: Config) -> None:
+        self.settings = settings = config["httpboot"]
+        profiles = _profiles(settings, config.source)
+        self.policy = BootPolicy(profiles, _machines(config, profiles), settings.default_profile)
+
+    @hookimpl
+    def rackboot_services(self, node: Node) -> list[Service]:
+        if not self.settings.enabled:
+            log.info("httpboot not serving", reason="disabled")
+            return []
+        self.service = _Service(self, node)
+        return [Service("server", self.service.run)]
+
+    @hookimpl
+    def rackboot_role_changed(self, node: Node, old: Role, new: Role) -> None:
+        self.active = new is Role.ACTIVE
+
+    @hookimpl
+    def rackboot_status(self, node: Node) -> dict[str, Any]:
+        service = self.service
+        if service is None:
+            return {"serving": False}
+        return {
+            "serving": True,
+            "listening": [f"{a}:{p}" for a, p in service.server.bound],
+            "root": str(service.root),
+            "recording_events": self.active,
+            "machines_with_events": len(service.store.table),
+            **service.stats.as_dict(),
+        }
+
+
+class _Service:
+    """One node's HTTP service: server, event store, counters."""
+
+    def __init__(self, plugin: HttpBootPlugin, node: Node) -> None:
+        settings = plugin.settings
+        self.plugin, self.node = plugin, node
+        self.root = Path(settings.root) if settings.root else node.data_dir / "httpboot" / "root"
+        self.stats = Stats()
+        node.metrics.register(self.stats)
+        self.store = EventStore(
+            node.plugin_dir("httpboot") / "events.journal", settings.retain_events
+        )
+        self.server = HttpServer(
+            addresses=tuple(ipaddress.IPv4Address(str(a)) for a in settings.addresses),
+            port=settings.port,
+            router=Router([]),  # the real one once the secret is read (run)
+            limits=Limits(settings.request_timeout, settings.idle_timeout, settings.send_timeout),
+            stats=self.stats,
+            max_connections=settings.max_connections,
+            access_log=settings.access_log,
+        )
+
+    def _router(self, secret: bytes) -> Router:
+        plugin, node, settings = self.plugin, self.node, self.plugin.settings
+        assert plugin.pm is not None and plugin.policy is not None
+        hook = plugin.pm.hook
+        builtin = BuiltinRoutes(
+            root=self.root,
+            policy=plugin.policy,
+            secret=secret,
+            store=self.store,
+            stats=self.stats,
+            public_url=settings.base_url,
+            admin_token=settings.admin_token,
+            max_event_bytes=settings.max_event_bytes,
+            is_active=lambda: plugin.active,
+            status=node.status,
+            metrics=node.metrics,
+            script_hook=hook.httpboot_boot_script,
+            event_hook=hook.httpboot_machine_event,
+        )
+        added = [route for routes in hook.httpboot_routes(node=node) for route in routes or ()]
+        try:
+            return Router(builtin.api() + added + builtin.files())
+        except (RouteConflict, ValueError) as exc:
+            raise PluginError(f"httpboot_routes: {exc}") from None
+
+    async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        settings = self.plugin.settings
+        secret_path = (
+            Path(settings.secret_file)
+            if settings.secret_file
+            else node.plugin_dir("httpboot") / "secret"
+        )
+        secret = await trio.to_thread.run_sync(load_secret, secret_path)
+        if not self.root.is_dir():
+            self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+            log.info("created HTTP root", root=str(self.root))
+        self.server.router = self._router(secret)
+        await trio.to_thread.run_sync(self.store.load)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.store.run)
+            await nursery.start(self.server.serve)
+            log.info(
+                "listening",
+                addresses=[f"{a}:{p}" for a, p in self.server.bound],
+                root=str(self.root),
+            )
+            task_status.started()
+
+
+plugin = HttpBootPlugin()

@@ -1,0 +1,74 @@
+"""Per-machine iPXE scripts from boot profiles (sans-IO).
+
+A profile names a kernel, its initrds and a command line. The script built
+from it loads them over HTTP from this server and adds the two parameters an
+installer needs to report back: ``rackboot.events=URL`` and
+``rackboot.token=TOKEN`` (docs/httpboot.md). The ``httpboot_boot_script`` hook
+may replace the result.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from .identity import url_mac
+
+BOOT_PREFIX = "/boot/"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    kernel: str  # a name under the root, an absolute URL, or "" for the local disk
+    initrd: tuple[str, ...] = ()
+    cmdline: str = ""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Everything a boot script is made of, for the default renderer and for hooks."""
+
+    mac: str  # aa:bb:cc:dd:ee:ff
+    profile: Profile
+    base_url: str  # http://address[:port], no trailing slash
+    token: str
+    client: str = ""  # the requesting address
+
+    @property
+    def events_url(self) -> str:
+        return f"{self.base_url}/api/v1/machines/{url_mac(self.mac)}/events"
+
+    def file_url(self, name: str) -> str:
+        """A profile's file: an absolute URL as given, else under ``/boot/`` of this server."""
+        if "://" in name:
+            return name
+        return self.base_url + BOOT_PREFIX + quote(name.lstrip("/"), safe="/-._~")
+
+
+def base_url(host: str, port: int) -> str:
+    return f"http://{host}" if port == 80 else f"http://{host}:{port}"
+
+
+def kernel_arguments(machine: Machine) -> str:
+    """``initrd=NAME`` per initrd (Linux's EFI stub loads them by name), the
+    profile's command line (``{mac}`` and ``{base}`` replaced), then the events
+    parameters."""
+    profile = machine.profile
+    names = [f"initrd={posixpath.basename(name.rstrip('/'))}" for name in profile.initrd]
+    cmdline = profile.cmdline.replace("{mac}", machine.mac).replace("{base}", machine.base_url)
+    own = [f"rackboot.events={machine.events_url}", f"rackboot.token={machine.token}"]
+    return " ".join(part for part in (*names, cmdline.strip(), *own) if part)
+
+
+def render_ipxe(machine: Machine) -> str:
+    profile = machine.profile
+    lines = ["#!ipxe", f"# rackboot machine {machine.mac} profile {profile.name}"]
+    if not profile.kernel:
+        lines.append("exit")  # back to the firmware: the next boot device (the local disk)
+        return "\n".join(lines) + "\n"
+    lines.append(f"kernel {machine.file_url(profile.kernel)} {kernel_arguments(machine)}")
+    lines.extend(f"initrd {machine.file_url(name)}" for name in profile.initrd)
+    lines.append("boot")
+    return "\n".join(lines) + "\n"

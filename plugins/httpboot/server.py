@@ -1,0 +1,97 @@
+"""The HTTP server: listening sockets, the connection bound, a task per connection (trio shell).
+
+Past ``max_connections`` open connections a new one gets a canned ``503`` with
+``Retry-After`` and is closed at once: no request is read, no task lingers.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import partial
+
+import trio
+
+from appliance.logs import get_logger
+
+from .connection import Connection, Limits
+from .router import Router
+from .stats import Stats
+
+log = get_logger("httpboot")
+
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"server: rackboot\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"retry-after: 1\r\ncontent-length: 24\r\nconnection: close\r\n\r\n"
+    b"503 Service Unavailable\n"
+)
+BUSY_SEND_SECONDS = 1.0
+
+
+def _name(sockname: tuple) -> tuple[str, int]:
+    return str(sockname[0]), int(sockname[1])
+
+
+class HttpServer:
+    def __init__(
+        self,
+        addresses: tuple[ipaddress.IPv4Address, ...],
+        port: int,
+        router: Router,
+        limits: Limits,
+        stats: Stats,
+        max_connections: int,
+        access_log: bool = True,
+    ) -> None:
+        self.addresses = addresses
+        self.port = port
+        self.router = router
+        self.limits = limits
+        self.stats = stats
+        self.max_connections = max_connections
+        self.access_log = access_log
+        self.bound: list[tuple[str, int]] = []
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listeners: list[trio.SocketListener] = []
+        try:
+            for address in self.addresses:
+                listeners += await trio.open_tcp_listeners(self.port, host=str(address))
+        except BaseException:
+            for listener in listeners:
+                await listener.aclose()
+            raise
+        self.bound = [_name(listener.socket.getsockname()) for listener in listeners]
+        await trio.serve_listeners(
+            partial(_guarded, self._connection), listeners, task_status=task_status
+        )
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        client = _name(stream.socket.getpeername())
+        if self.stats.active_connections >= self.max_connections:
+            self.stats.rejected_connections += 1
+            with trio.move_on_after(BUSY_SEND_SECONDS):
+                await stream.send_all(BUSY)
+            await stream.aclose()
+            return
+        self.stats.active_connections += 1
+        self.stats.connections += 1
+        try:
+            local = _name(stream.socket.getsockname())
+            connection = Connection(
+                stream, self.router, self.limits, self.stats, client, local, self.access_log
+            )
+            await connection.serve()
+        finally:
+            self.stats.active_connections -= 1
+
+
+async def _guarded(handler, stream: trio.SocketStream) -> None:
+    """A connection's failure ends that connection, never the server."""
+    try:
+        await handler(stream)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await stream.aclose()
+    except Exception as exc:
+        log.error("connection failed", error=f"{type(exc).__name__}: {exc}")
+        await stream.aclose()

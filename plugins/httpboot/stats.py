@@ -1,0 +1,102 @@
+"""The HTTP service's counters: plain integers on the hot path, exported to
+Prometheus by a collector registered in the node's own registry."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Why a connection was cut by the server: "request" (headers and body not in within
+# request_timeout), "idle" (keep-alive with no new request within idle_timeout), "send"
+# (the client took nothing for send_timeout).
+TIMEOUTS = ("request", "idle", "send")
+# Why a posted event was not recorded.
+EVENT_REFUSALS = ("unauthorized", "invalid", "too-large", "standby", "not-durable")
+
+
+class Stats(Collector):
+    def __init__(self) -> None:
+        self.active_connections = 0
+        self.connections = 0
+        self.rejected_connections = 0  # over max_connections: 503 and closed
+        self.requests: Counter[tuple[str, int]] = Counter()  # (method, status)
+        self.bytes_sent = 0  # body bytes
+        self.timeouts: Counter[str] = Counter({t: 0 for t in TIMEOUTS})
+        self.malformed = 0  # requests h11 or the target decoder refused
+        self.events_recorded: Counter[str] = Counter()  # by event status
+        self.event_refusals: Counter[str] = Counter({r: 0 for r in EVENT_REFUSALS})
+        self.scripts: Counter[str] = Counter()  # by profile
+
+    def count_request(self, method: str, status: int) -> None:
+        known = method in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+        self.requests[(method if known else "other", status)] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        by_status: Counter[str] = Counter()
+        for (_, status), n in self.requests.items():
+            by_status[str(status)] += n
+        return {
+            "active_connections": self.active_connections,
+            "connections": self.connections,
+            "rejected_connections": self.rejected_connections,
+            "requests": dict(sorted(by_status.items())),
+            "bytes_sent": self.bytes_sent,
+            "timeouts": dict(self.timeouts),
+            "malformed": self.malformed,
+            "events_recorded": sum(self.events_recorded.values()),
+            "event_refusals": dict(self.event_refusals),
+            "scripts": dict(self.scripts),
+        }
+
+    def collect(self) -> Iterator[Any]:
+        active = GaugeMetricFamily("rackboot_http_active_connections", "Open HTTP connections.")
+        active.add_metric([], self.active_connections)
+        yield active
+        yield CounterMetricFamily(
+            "rackboot_http_connections", "HTTP connections accepted.", value=self.connections
+        )
+        yield CounterMetricFamily(
+            "rackboot_http_rejected_connections", "Connections over max_connections (503, closed).",
+            value=self.rejected_connections,
+        )  # fmt: skip
+        requests = CounterMetricFamily(
+            "rackboot_http_requests", "HTTP requests answered.", labels=["method", "status"]
+        )
+        for (method, status), n in sorted(self.requests.items()):
+            requests.add_metric([method, str(status)], n)
+        yield requests
+        yield CounterMetricFamily(
+            "rackboot_http_bytes", "Response body bytes sent.", value=self.bytes_sent
+        )
+        timeouts = CounterMetricFamily(
+            "rackboot_http_timeouts", "Connections cut by a timeout.", labels=["phase"]
+        )
+        for phase, n in sorted(self.timeouts.items()):
+            timeouts.add_metric([phase], n)
+        yield timeouts
+        yield CounterMetricFamily(
+            "rackboot_http_malformed", "Requests refused as malformed (400, 403, 413, 414, 431).",
+            value=self.malformed,
+        )  # fmt: skip
+        recorded = CounterMetricFamily(
+            "rackboot_http_events", "Installer events recorded, by status.", labels=["status"]
+        )
+        for status, n in sorted(self.events_recorded.items()):
+            recorded.add_metric([status], n)
+        yield recorded
+        refused = CounterMetricFamily(
+            "rackboot_http_event_refusals", "Installer events not recorded.", labels=["reason"]
+        )
+        for reason, n in sorted(self.event_refusals.items()):
+            refused.add_metric([reason], n)
+        yield refused
+        scripts = CounterMetricFamily(
+            "rackboot_http_boot_scripts", "iPXE scripts served, by profile.", labels=["profile"]
+        )
+        for profile, n in sorted(self.scripts.items()):
+            scripts.add_metric([profile], n)
+        yield scripts
