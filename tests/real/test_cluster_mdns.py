@@ -34,7 +34,7 @@ def write_config(tmp_path: Path, host: Host, name: str) -> Path:
         f'[node]\nname = "{name}"\ndata_dir = "{tmp_path / name}"\n'
         f'[cluster]\nlisten = "{host.addr}"\nport = {PORT}\nmdns = true\n'
         "keepalive = 0.3\ndead_after = 2.0\nbackoff_max = 1.0\n"
-        '[plugins]\ndisabled = ["dhcp", "tftp"]\n'
+        '[plugins]\ndisabled = ["dhcp", "tftp", "httpboot"]\n'
     )
     return config
 

@@ -264,7 +264,7 @@ def write_config(tmp_path: Path, greeting: str) -> tuple[Path, Path]:
 
             [plugins]
             # The example alone: the built-in protocol plugins would bind real ports.
-            disabled = ["dhcp", "tftp"]
+            disabled = ["dhcp", "tftp", "httpboot"]
 
             [hello]
             port = 0

@@ -52,7 +52,7 @@ def test_example_passes_check_from_stdin(capsys, monkeypatch):
         ),
         (
             "[nodes]\n",
-            "nodes: expected a known section (known: cluster, dhcp, node, plugins, tftp)",
+            "nodes: expected a known section (known: cluster, dhcp, httpboot, node, plugins, tftp)",
         ),
         (
             "[node]\ndata_dir = 'relative/dir'\n",
