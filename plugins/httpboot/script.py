@@ -44,7 +44,7 @@ class Machine:
         """A profile's file: an absolute URL as given, else under ``/boot/`` of this server."""
         if "://" in name:
             return name
-        return self.base_url + BOOT_PREFIX + quote(name.lstrip("/"), safe="/-._~")
+        return self.base_url + BOOT_PREFIX + quote(name.lstrip("/"), safe="/-._~+")
 
 
 def base_url(host: str, port: int) -> str:

@@ -1,0 +1,71 @@
+"""Machine identity in URLs and the events token."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.httpboot.identity import (
+    bearer_untrusted,
+    machine_token,
+    parse_mac_untrusted,
+    token_matches,
+    url_mac,
+)
+
+SECRET = b"s" * 32
+
+
+@pytest.mark.parametrize(
+    ("text", "mac"),
+    [
+        ("52-54-00-12-34-56", "52:54:00:12:34:56"),
+        ("52:54:00:12:34:56", "52:54:00:12:34:56"),
+        ("AA-BB-CC-DD-EE-FF", "aa:bb:cc:dd:ee:ff"),
+        ("52-54:00-12-34-56", None),  # mixed separators
+        ("52540012345 6", None),
+        ("525400123456", None),
+        ("52-54-00-12-34-5g", None),
+        ("52-54-00-12-34-56-78", None),
+        ("", None),
+    ],
+)
+def test_mac_forms(text, mac):
+    assert parse_mac_untrusted(text) == mac
+
+
+def test_url_form_is_dhcps_mac_placeholder():
+    assert url_mac("52:54:00:12:34:56") == "52-54-00-12-34-56"
+
+
+def test_token_is_per_machine_and_per_secret():
+    token = machine_token(SECRET, "52:54:00:12:34:56")
+    assert len(token) == 32 and int(token, 16) >= 0
+    assert token == machine_token(SECRET, "52:54:00:12:34:56")
+    assert token != machine_token(SECRET, "52:54:00:12:34:57")
+    assert token != machine_token(b"t" * 32, "52:54:00:12:34:56")
+
+
+@pytest.mark.parametrize(
+    ("header", "credentials"),
+    [
+        (b"Bearer abc123", b"abc123"),
+        (b"bearer  abc123 ", b"abc123"),
+        (b"Bearer a.b-c_d~e+f/g==", b"a.b-c_d~e+f/g=="),
+        (b"Basic abc123", None),
+        (b"Bearer", None),
+        (b"Bearer ", None),
+        (b"Bearer abc def", None),
+        (b"Bearer \xff", None),
+        (b"Bearer " + b"a" * 600, None),
+        (None, None),
+    ],
+)
+def test_bearer(header, credentials):
+    assert bearer_untrusted(header) == credentials
+
+
+def test_token_matches():
+    assert token_matches("abc", b"abc")
+    assert not token_matches("abc", b"abd")
+    assert not token_matches("abc", None)
+    assert not token_matches("", b"")  # a disabled token never matches
