@@ -51,6 +51,10 @@ class _Timeout(Exception):
         self.phase = phase
 
 
+def _head_size(event: h11.Request) -> int:
+    return len(event.target) + sum(len(name) + len(value) + 4 for name, value in event.headers)
+
+
 def _body_length(request: Request) -> int | None:
     """The declared body size (chunked: 1, read to see), 0 for none; ``None`` if unreadable."""
     if b"chunked" in (request.header(b"transfer-encoding") or b"").lower():
@@ -148,6 +152,10 @@ class Connection:
         if isinstance(event, h11.ConnectionClosed):
             return False
         assert isinstance(event, h11.Request), event
+        if _head_size(event) > self.limits.max_header_bytes:  # it came whole in one read
+            self.stats.malformed += 1
+            await self._send_error(431)
+            return False
         request, response, route = self._route(event)
         declared = _body_length(request)
         if declared is None:
@@ -197,7 +205,9 @@ class Connection:
             self.stats.malformed += 1
             return Response.error(413)
         if self.h11.they_are_waiting_for_100_continue:
-            await self.stream.send_all(self.h11.send(h11.InformationalResponse(status_code=100)))
+            await self.stream.send_all(
+                self.h11.send(h11.InformationalResponse(status_code=100, headers=[]))
+            )
         body = bytearray()
         while True:
             try:
