@@ -67,11 +67,11 @@ def root(tmp_path: Path) -> Path:
 
 @contextlib.asynccontextmanager
 async def serving(
-    root: Path, limits: Limits = Limits(), max_connections: int = 100
+    root: Path, limits: Limits | None = None, max_connections: int = 100
 ) -> AsyncIterator[tuple[tuple[str, int], HttpServer]]:
     stats = Stats()
     server = HttpServer(
-        (IPv4Address("127.0.0.1"),), 0, routes(root), limits, stats, max_connections
+        (IPv4Address("127.0.0.1"),), 0, routes(root), limits or Limits(), stats, max_connections
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve)
