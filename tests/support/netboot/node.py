@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
 
 from tests.support.dhcplab import DhcpNode
 from tests.support.netns import Host
 
-_TFTP_OFF = '[plugins]\ndisabled = ["tftp"]\n'
+_PLUGINS_OFF = re.compile(r"^\[plugins\]\ndisabled = \[.*\]\n", re.MULTILINE)
 
 
 class NetbootNode(DhcpNode):
@@ -16,24 +16,19 @@ class NetbootNode(DhcpNode):
 
     ``config`` follows ``[dhcp] interfaces = [...]`` in the file: the rest of
     ``[dhcp]`` and then any other sections (``[tftp]``, ``[httpboot]``, ...).
-    ``ready`` names the plugins whose status must say they serve before
+    ``ready`` names the plugins whose status must list a bound address before
     :meth:`start` returns."""
 
     def __init__(self, host: Host, workdir: Path, config: str, *,
                  ready: tuple[str, ...] = ("tftp",)) -> None:  # fmt: skip
         super().__init__(host, workdir, config, name="netboot-node")
-        text = self.config.read_text()
-        assert _TFTP_OFF in text, "DhcpNode's [plugins] line changed: update NetbootNode"
-        self.config.write_text(text.replace(_TFTP_OFF, "[plugins]\ndisabled = []\n"))
+        text, found = _PLUGINS_OFF.subn("[plugins]\ndisabled = []\n", self.config.read_text())
+        assert found == 1, "DhcpNode's [plugins] section changed: update NetbootNode"
+        self.config.write_text(text)
         self.ready = ready
 
     def _serving(self) -> bool:
         if not super()._serving():
             return False
-        status = self.status()
-        return all(_serves(status.get(plugin, {})) for plugin in self.ready)
-
-
-def _serves(status: dict[str, Any]) -> bool:
-    # TFTP reports its bound addresses; other plugins say "serving".
-    return bool(status.get("listening") or status.get("serving"))
+        status = self.status()  # TFTP and HTTP boot list their bound addresses
+        return all(status.get(plugin, {}).get("listening") for plugin in self.ready)
