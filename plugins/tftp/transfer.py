@@ -36,9 +36,11 @@ from dataclasses import dataclass
 
 from .negotiate import Options
 from .packets import (
+    MAX_PACKET,
     Ack,
     ErrorCode,
     MalformedPacket,
+    Opcode,
     encode_data,
     encode_error,
     encode_oack,
@@ -47,6 +49,7 @@ from .packets import (
 from .packets import Error as ErrorPacket
 
 Reader = Callable[[int, int], bytes]
+_ACK_OPCODE = Opcode.ACK.to_bytes(2, "big")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +126,14 @@ class ReadTransfer:
         return self._events.popleft() if self._events else None
 
     def get_timer(self) -> float | None:
-        return None if self.done else self._timer
+        return None if self._state is _State.DONE else self._timer
 
     def receive_datagram(self, data: bytes, now: float) -> None:
-        if self.done:
+        if self._state is _State.DONE:
+            return
+        if data[:2] == _ACK_OPCODE and 4 <= len(data) <= MAX_PACKET:
+            # The hot path (every block): exactly what parse_untrusted makes of an ACK.
+            self._on_ack(int.from_bytes(data[2:4], "big"))
             return
         try:
             packet = parse_untrusted(data)
@@ -142,7 +149,7 @@ class ReadTransfer:
             self._fail(ErrorCode.ILLEGAL_OPERATION, "illegal TFTP operation")
 
     def handle_timer(self, now: float) -> None:
-        if self.done or self._timer is None or now < self._timer:
+        if self._state is _State.DONE or self._timer is None or now < self._timer:
             return
         self._timer = None
         self._attempts += 1
@@ -155,12 +162,12 @@ class ReadTransfer:
 
     def datagrams_to_send(self, now: float) -> list[bytes]:
         start, self._send_from = self._send_from, None
-        if start is not None and not self.done:
+        if start is not None and self._state is not _State.DONE:
             try:
                 self._out += self._window_from(start)
             except _ReadError as exc:
                 self._fail(ErrorCode.NOT_DEFINED, str(exc))
-            if not self.done:
+            if self._state is not _State.DONE:
                 self._timer = now + self._timeout
         out, self._out = self._out, []
         return out

@@ -216,6 +216,25 @@ def test_malformed_datagrams_are_counted_and_dropped():
     assert server.datagrams_to_send(0.1) == []
 
 
+def test_acks_read_as_the_codec_reads_them():
+    """receive_datagram reads ACKs without the codec (hot path): it must agree with
+    parse_untrusted on trailing bytes (accepted) and oversized datagrams (malformed)."""
+    from plugins.tftp.packets import MAX_PACKET
+
+    data = pattern(0, 1200)
+    server = ReadTransfer(reader_for(data), len(data), Options(), 0.0)
+    assert [p.block for p in packets(server, 0.0)] == [1]
+    oversized = encode_ack(1) + bytes(MAX_PACKET)
+    with pytest.raises(Exception, match="longer"):
+        parse_untrusted(oversized)
+    server.receive_datagram(oversized, 0.1)
+    assert server.malformed == 1 and packets(server, 0.1) == []
+    trailing = encode_ack(1) + b"junk"
+    assert parse_untrusted(trailing) == Ack(1)
+    server.receive_datagram(trailing, 0.2)
+    assert [p.block for p in packets(server, 0.2)] == [2]
+
+
 def checksum(reader, size):
     digest = hashlib.sha256()
     for offset in range(0, size, 1 << 16):
