@@ -114,7 +114,7 @@ class Console:
         parts = re.split(r"[\r\n]", self._partial + chunk.decode("latin-1"))
         self._partial = parts.pop()
         for raw in parts:
-            text = ANSI.sub("", raw).strip()
+            text = _erase(ANSI.sub("", raw)).strip()
             if text:
                 self.lines.append((now, text))
 
@@ -125,6 +125,19 @@ class Console:
 
     def text(self) -> str:
         return "\n".join(f"{t:8.3f} {line}" for t, line in self.lines)
+
+
+def _erase(text: str) -> str:
+    """Apply backspaces, as a terminal shows them (iPXE's countdowns and progress use them)."""
+    if "\b" not in text:
+        return text
+    out: list[str] = []
+    for ch in text:
+        if ch != "\b":
+            out.append(ch)
+        elif out:
+            out.pop()
+    return "".join(out)
 
 
 class Vm:
