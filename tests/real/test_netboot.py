@@ -30,7 +30,7 @@ from tests.support.netboot import debs, initrd, vm
 from tests.support.netboot.node import NetbootNode
 from tests.support.netns import Host, Lab
 
-BOOT_TIMEOUT = 300.0  # power-on to the installer's last word; ~40-50 s measured under TCG
+BOOT_TIMEOUT = 300.0  # power-on to the installer's last word; 23-48 s measured under TCG
 OFF_TIMEOUT = 30.0  # the installer's last word to QEMU's exit
 IPXE_EFI = Path("/usr/lib/ipxe/ipxe.efi")
 CMDLINE = "console=ttyS0 panic=-1 quiet"  # panic=-1 + -no-reboot: a dying installer ends QEMU

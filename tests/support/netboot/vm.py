@@ -152,6 +152,7 @@ class Vm:
         workdir.mkdir(parents=True, exist_ok=True)
         self.serial = workdir / "serial.log"
         self.stderr = workdir / "qemu.stderr"
+        self.vars_copy = workdir / "OVMF_VARS.fd"  # UEFI: a fresh variable store per boot
         self.proc: subprocess.Popen | None = None
         self.console = Console(self.serial, 0.0)
         self.powered_on_wall = 0.0  # time.time() at start, to compare with server timestamps
@@ -162,12 +163,10 @@ class Vm:
                 "-no-reboot", "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no"]  # fmt: skip
         if self.firmware == "bios":
             return argv + ["-boot", "n", "-device", f"virtio-net-pci,netdev=n0,mac={self.mac}"]
-        vars_copy = self.workdir / "OVMF_VARS.fd"  # the firmware writes its boot entries there
-        shutil.copyfile(OVMF_VARS, vars_copy)
         return argv + [
             "-machine", "q35",
             "-drive", f"if=pflash,format=raw,readonly=on,file={OVMF_CODE}",
-            "-drive", f"if=pflash,format=raw,file={vars_copy}",
+            "-drive", f"if=pflash,format=raw,file={self.vars_copy}",
             # No option ROM: OVMF's own virtio-net driver and HTTP boot client.
             "-device", f"virtio-net-pci,netdev=n0,mac={self.mac},bootindex=1,romfile=",
             # No PXE boot options at all: HTTPv4 comes first (each PXE option waits ~64 s).
@@ -178,6 +177,8 @@ class Vm:
         ]  # fmt: skip
 
     def start(self) -> Vm:
+        if self.firmware == "uefi":  # OVMF writes the boot options it creates there
+            shutil.copyfile(OVMF_VARS, self.vars_copy)
         argv = self.argv()
         (self.workdir / "cmdline.txt").write_text(" ".join(argv) + "\n")
         with self.serial.open("wb") as out, self.stderr.open("wb") as err:
