@@ -17,7 +17,7 @@ here blocks except ``epoll`` itself: sockets are non-blocking, a full send
 buffer parks the rest of a window until the socket is writable, and file bytes
 are either buffered already or read with ``RWF_NOWAIT`` (page cache only).
 
-Timers: one heap of ``(deadline, seq, job)``. A job's entry is pushed only when
+Timers: one heap of ``(deadline, sequence number, job)``. A job's entry is pushed only when
 its machine's timer is earlier than the one armed (normally each send moves the
 timer later, so a steady transfer costs one heap entry per timeout period); an
 entry that is no longer the job's armed deadline is dropped when popped, and
@@ -60,7 +60,7 @@ class Job:
 
     __slots__ = (
         "sock", "fd", "peer", "machine", "source", "need", "info", "started", "ended",
-        "armed", "seq", "last_batch", "backlog", "waiting", "refilled", "crash", "closed",
+        "armed", "last_batch", "backlog", "waiting", "refilled", "crash", "closed",
     )  # fmt: skip
 
     def __init__(
@@ -77,7 +77,6 @@ class Job:
         self.started = started
         self.ended = started
         self.armed = _NEVER  # the deadline this job has in the heap
-        self.seq = 0
         self.last_batch: list[bytes] = []  # holds our ERROR when we ended the transfer with one
         self.backlog: deque[bytes] = deque()  # datagrams waiting for room in the send buffer
         self.waiting = False  # a refill is out (trio reads the file); the machine is not pulled

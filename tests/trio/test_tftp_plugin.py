@@ -76,3 +76,36 @@ async def test_the_node_serves_its_root_and_the_hook_and_reports(tmp_path):
             assert 'rackboot_tftp_errors_sent_total{code="1"} 1.0' in text
             assert "rackboot_tftp_bytes_total 3022.0" in text
             node.request_stop("test")
+
+
+async def test_node_stop_ends_transfers_in_flight_and_joins_the_pump(tmp_path):
+    import threading
+
+    from plugins.tftp.packets import Opcode, encode_request
+
+    # Long retransmission timeouts: nothing ends by itself while the node stops.
+    document = {"tftp": {"port": 0, "timeout": 30.0, "max_timeout": 30.0}}
+    config, pm = configured(tmp_path, document, tftp=tftp_plugin)
+    node = Node(config, pm)
+    root = tmp_path / "data" / "tftp" / "root"
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                lambda task_status: node.run(handle_signals=False, task_status=task_status)
+            )
+            (root / "big.bin").write_bytes(bytes(200_000))
+            host, port = node.status()["tftp"]["listening"][0].split(":")
+            socks = []
+            for _ in range(3):  # each takes DATA 1 and never acknowledges it
+                sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+                await sock.bind(("127.0.0.1", 0))
+                await sock.sendto(encode_request(Opcode.RRQ, "big.bin"), (host, int(port)))
+                await sock.recvfrom(2048)
+                socks.append(sock)
+            assert node.status()["tftp"]["active_transfers"] == 3
+            node.request_stop("test")
+    # node.run returned: the pump thread is gone and every transfer was released.
+    assert not any(t.name == "tftp-pump" for t in threading.enumerate())
+    assert tftp_plugin._services[node].stats.active == 0
+    for sock in socks:
+        sock.close()
