@@ -30,6 +30,7 @@ import heapq
 import itertools
 import os
 import select
+import struct
 import threading
 import time
 from collections import deque
@@ -50,6 +51,10 @@ _IN = select.EPOLLIN
 _IN_OUT = select.EPOLLIN | select.EPOLLOUT
 _NEVER = float("inf")
 _UNKNOWN_TID = encode_error(ErrorCode.UNKNOWN_TID, "unknown transfer ID")
+_SOL_UDP = 17
+_UDP_SEGMENT = 103  # Linux >= 4.18 (socket.UDP_SEGMENT is missing from Python 3.11)
+_GSO_SEGMENTS = 64  # the kernel's UDP_MAX_SEGMENTS
+_GSO_BYTES = 65_000  # one GSO send is one IP datagram before it is cut: < 64 KiB
 
 Address = tuple[str, int]
 Post = Callable[..., Any]  # trio's TrioToken.run_sync_soon: call fn(*args) in the trio thread
@@ -60,7 +65,7 @@ class Job:
 
     __slots__ = (
         "sock", "fd", "peer", "machine", "source", "need", "info", "started", "ended",
-        "armed", "last_batch", "backlog", "waiting", "refilled", "crash", "closed",
+        "armed", "last_batch", "gso", "backlog", "waiting", "refilled", "crash", "closed",
     )  # fmt: skip
 
     def __init__(
@@ -82,6 +87,7 @@ class Job:
         self.waiting = False  # a refill is out (trio reads the file); the machine is not pulled
         self.refilled = False  # the refill is back: pull once whatever the buffer holds
         self.crash: BaseException | None = None
+        self.gso = True  # send a window with one system call until the kernel refuses
         self.closed = False
 
 
@@ -253,16 +259,29 @@ class Pump:
 
     def _send(self, job: Job, batch: list[bytes]) -> None:
         sock, peer = job.sock, job.peer
-        for i, datagram in enumerate(batch):
+        i, count = 0, len(batch)
+        while i < count:
+            group = _gso_group(batch, i) if job.gso else 1
             try:
-                sock.sendto(datagram, peer)
+                if group > 1:
+                    # A window in one system call: the kernel cuts it into datagrams
+                    # of the first one's size (UDP GSO); only the last may be shorter.
+                    segment = struct.pack("=H", len(batch[i]))
+                    sock.sendmsg([b"".join(batch[i : i + group])],
+                                 [(_SOL_UDP, _UDP_SEGMENT, segment)], 0, peer)  # fmt: skip
+                else:
+                    sock.sendto(batch[i], peer)
             except BlockingIOError:
                 # The send buffer is full (a large window): the rest waits for EPOLLOUT.
                 job.backlog.extend(batch[i:])
                 self._epoll.modify(job.fd, _IN_OUT)
                 return
             except OSError as exc:
+                if group > 1:
+                    job.gso = False  # not here (no kernel support, a segment over the MTU)
+                    continue  # the same datagrams, one by one
                 log.debug("send failed", client=f"{peer[0]}:{peer[1]}", error=str(exc))
+            i += group
 
     def _flush(self, job: Job) -> None:
         backlog = job.backlog
@@ -291,6 +310,19 @@ class Pump:
     def held(self) -> list[Job]:
         """After :meth:`run` returned: the jobs it still held (running or queued)."""
         return [*self._jobs.values(), *self._inbox]
+
+
+def _gso_group(batch: list[bytes], i: int) -> int:
+    """How many datagrams from ``batch[i]`` on one UDP GSO send can carry: same size as
+    the first (the last may be shorter), at most _GSO_SEGMENTS and _GSO_BYTES."""
+    size = len(batch[i])
+    limit = min(len(batch), i + _GSO_SEGMENTS, i + _GSO_BYTES // size)
+    j = i + 1
+    while j < limit and len(batch[j]) == size:
+        j += 1
+    if j < limit and len(batch[j]) < size:
+        j += 1  # the short final block ends the group
+    return j - i
 
 
 def _send_best_effort(sock, datagram: bytes, to: Address) -> None:
