@@ -54,19 +54,25 @@ async def _zero_copy(
     out, infd = sock.fileno(), body.handle.fileno()
     offset, remaining = body.offset, body.count
     while remaining:
+        want = min(remaining, SENDFILE_CHUNK)
         try:
-            sent = os.sendfile(out, infd, offset, min(remaining, SENDFILE_CHUNK))
+            sent = os.sendfile(out, infd, offset, want)
         except BlockingIOError:
+            sent = -1
+        if sent == 0:
+            raise FileChanged
+        if sent > 0:
+            offset += sent
+            remaining -= sent
+        if sent == want:
+            await trio.lowlevel.checkpoint()  # other connections get their turn
+        elif remaining:
+            # The socket is full: wait until the kernel says it has room (a good part of
+            # the buffer, not the first free page), so each sendfile moves a large chunk.
             with trio.move_on_after(send_timeout) as scope:
                 await trio.lowlevel.wait_writable(sock)
             if scope.cancelled_caught:
                 raise SendTimeout from None
-            continue
-        if sent == 0:
-            raise FileChanged
-        offset += sent
-        remaining -= sent
-        await trio.lowlevel.checkpoint()  # other connections get their turn
 
 
 async def _copying(
