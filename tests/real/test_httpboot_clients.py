@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.netns import Host, Lab
+from tests.support.nodeproc import wait_listening
 
 CLIENT_TIMEOUT = 60.0
-READY_TIMEOUT = 20.0
 NGINX_PORT = 8081
 BIG = 48 << 20
 SECRET = b"SECRET-OUTSIDE-THE-ROOT\n"
@@ -43,20 +43,6 @@ class Served:
 
     def curl(self, *args: str) -> subprocess.CompletedProcess:
         return self.cli.run(["curl", "-sS", *args], timeout=CLIENT_TIMEOUT)
-
-
-def _wait_ready(host: Host, sock: Path, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"node exited {proc.returncode}:\n{log.read_text()}")
-        res = host.run(
-            [sys.executable, "-m", "appliance", "status", "--json", "--socket", str(sock)]
-        )
-        if res.returncode == 0 and json.loads(res.stdout).get("httpboot", {}).get("listening"):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"node not ready within {READY_TIMEOUT} s:\n{log.read_text()}")
 
 
 def _start_nginx(srv: Host, root: Path, work: Path) -> bool:
@@ -119,7 +105,7 @@ def served(netns_available: None, tmp_path_factory: pytest.TempPathFactory) -> I
                 [sys.executable, "-m", "appliance", "run", "--config", str(config)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=work,
             )  # fmt: skip
-        _wait_ready(srv, data / "control.sock", proc, log)
+        wait_listening(srv, data / "control.sock", proc, log, "httpboot")
         nginx = _start_nginx(srv, root, work)
         yield Served(srv, cli, root, work, nginx)
 

@@ -1,0 +1,1 @@
+"""bench.http: HTTP boot downloads and boot-script requests, Rackboot vs nginx."""

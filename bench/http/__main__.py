@@ -1,0 +1,3 @@
+from bench.http.cli import main
+
+raise SystemExit(main())

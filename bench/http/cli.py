@@ -1,0 +1,262 @@
+"""``python -m bench.http``: HTTP boot, Rackboot vs nginx (``sendfile on``), same run.
+
+Scenarios (bench/README.md): ``download``: a 512 MiB file to 1 and to 16 concurrent
+curl clients (aggregate MiB/s); ``scripts``: small boot-script requests per second
+with wrk (16 connections, keep-alive): Rackboot renders the machine's iPXE script,
+nginx sends a static file of the same size. Both servers run at once in one
+namespace, pinned to the same vCPU, one process each (nginx ``worker_processes 1``,
+its access log on like Rackboot's); clients run in another namespace on the other
+vCPU. The repeats alternate the order. Every download's size is checked, and one
+download from each is compared byte for byte first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.dhcp.system import LowLatency, OtherCPU, cpu_model, missing_packages
+from bench.tftp.servers import apt
+from tests.support.netns import Host, Lab
+from tests.support.nodeproc import wait_listening
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ["nginx-light", "curl", "wrk", "util-linux"]
+PORTS = {"rackboot": 80, "nginx": 8080}
+MIB = 1 << 20
+MAC = "52-54-00-12-34-56"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__.splitlines()[0])
+    p.add_argument("--size-mib", type=int, default=512, help="download size (512)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per server and scenario (3)")
+    p.add_argument("--concurrency", default="1,16", help="download client counts (1,16)")
+    p.add_argument("--scenarios", default="download,scripts", help="which, in order")
+    p.add_argument("--wrk-seconds", type=int, default=5, help="length of one wrk run (5)")
+    p.add_argument("--server-cpu", default="0", help="taskset CPU list of both servers (0)")
+    p.add_argument("--client-cpu", default="1", help="taskset CPU list of the clients (1)")
+    p.add_argument("--lowlat", action=argparse.BooleanOptionalAction, default=True,
+                   help="hold /dev/cpu_dma_latency at 0 during the run (default on)")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
+    p.add_argument("--json", nargs="?", const="", default=None, help="save to bench/results/")
+    return p.parse_args(argv)
+
+
+def start_rackboot(srv: Host, root: Path, work: Path, cpu: str) -> subprocess.Popen:
+    config = work / "rackboot.toml"
+    config.write_text(
+        # Only httpboot: the other plugins' services would share its vCPU.
+        '[plugins]\ndisabled = ["dhcp", "tftp"]\n'
+        f'[node]\nname = "bench"\ndata_dir = "{work / "data"}"\n'
+        f'[httpboot]\naddresses = ["{srv.addr}"]\nport = {PORTS["rackboot"]}\nroot = "{root}"\n'
+        "max_connections = 4096\n"
+    )
+    log = (work / "rackboot.log").open("w")
+    proc = srv.popen(
+        ["taskset", "-c", cpu, sys.executable, "-m", "appliance", "run", "--config", str(config)],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, "XDG_DATA_HOME": str(work / "xdg")},
+    )  # fmt: skip
+    wait_listening(srv, work / "data" / "control.sock", proc, work / "rackboot.log", "httpboot")
+    return proc
+
+
+def start_nginx(srv: Host, root: Path, work: Path, cpu: str) -> subprocess.Popen:
+    conf = work / "nginx.conf"
+    conf.write_text(
+        f"user root; daemon off; worker_processes 1; pid {work}/nginx.pid;\n"
+        f"error_log {work}/nginx-error.log;\n"
+        "events { worker_connections 4096; }\n"
+        "http {\n  sendfile on; tcp_nopush on; keepalive_requests 1000000;\n"
+        f"  access_log {work}/nginx-access.log;\n"
+        f"  server {{ listen {srv.addr}:{PORTS['nginx']}; location /boot/ {{ alias {root}/; }} }}\n"
+        "}\n"
+    )
+    proc = srv.popen(
+        ["taskset", "-c", cpu, "nginx", "-c", str(conf), "-p", str(work)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(100):
+        if proc.poll() is not None:
+            raise RuntimeError(f"nginx exited: {(work / 'nginx-error.log').read_text()[-800:]}")
+        res = srv.run(["curl", "-s", "-o", "/dev/null", f"http://{srv.addr}:{PORTS['nginx']}/"])
+        if res.returncode == 0:
+            return proc
+        time.sleep(0.05)
+    raise RuntimeError("nginx did not answer")
+
+
+def url(srv: Host, server: str, path: str) -> str:
+    return f"http://{srv.addr}:{PORTS[server]}{path}"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(MIB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(cli: Host, target: str, n: int, size: int, cpu: str, timeout: float) -> float:
+    """Wall seconds for ``n`` simultaneous curl downloads of ``target`` (sizes checked)."""
+    argv = [
+        "taskset",
+        "-c",
+        cpu,
+        "curl",
+        "-sS",
+        "--fail",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{size_download}\n",
+    ]
+    started = time.monotonic()
+    procs = [
+        cli.popen([*argv, target], stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(n)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        if proc.returncode != 0 or int(out.decode().strip() or 0) != size:
+            raise RuntimeError(
+                f"download failed: {err.decode()[-300:]} size {out.decode().strip()}"
+            )
+    return time.monotonic() - started
+
+
+def wrk(cli: Host, target: str, seconds: int, cpu: str) -> float:
+    res = cli.run(["taskset", "-c", cpu, "wrk", "-t1", "-c16", f"-d{seconds}s", target],
+                  timeout=seconds + 60)  # fmt: skip
+    match = re.search(r"Requests/sec:\s+([\d.]+)", res.stdout)
+    if res.returncode != 0 or match is None or "Non-2xx" in res.stdout:
+        raise RuntimeError(f"wrk failed: {res.stdout[-500:]} {res.stderr[-300:]}")
+    return float(match.group(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench.http must run as root (namespaces, apt-get, port 80)", file=sys.stderr)
+        return 2
+    missing = missing_packages(PACKAGES)
+    if missing and apt("install", "-y", "--no-install-recommends", *missing).returncode != 0:
+        apt("update")
+        apt("install", "-y", "--no-install-recommends", *missing)
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    work = Path(tempfile.mkdtemp(prefix="rackboot-bench-http-"))
+    os.chmod(work, 0o755)
+    root = work / "root"
+    root.mkdir(mode=0o755)
+    size = args.size_mib * MIB
+    with (root / "big.bin").open("wb") as f:
+        for _ in range(args.size_mib):
+            f.write(os.urandom(MIB))
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    results: dict[str, dict] = {}
+    try:
+        with LowLatency(args.lowlat) as lowlat, Lab(prefix="rbh") as lab:
+            srv, cli = lab.add_host("srv"), lab.add_host("cli")
+            start_rackboot(srv, root, work, args.server_cpu)
+            script = cli.run(
+                ["curl", "-sS", "--fail", url(srv, "rackboot", f"/boot/{MAC}.ipxe")]
+            ).stdout
+            (root / "script.ipxe").write_text(script)  # nginx's static twin, same size
+            start_nginx(srv, root, work, args.server_cpu)
+            targets = {
+                "rackboot": (
+                    url(srv, "rackboot", "/boot/big.bin"),
+                    url(srv, "rackboot", f"/boot/{MAC}.ipxe"),
+                ),
+                "nginx": (
+                    url(srv, "nginx", "/boot/big.bin"),
+                    url(srv, "nginx", "/boot/script.ipxe"),
+                ),
+            }
+            digest = sha256_of(root / "big.bin")
+            for name, (big, _) in targets.items():  # byte for byte, and the page cache warm
+                copy = work / f"check-{name}"
+                cli.run(["curl", "-sS", "--fail", "-o", str(copy), big], timeout=args.timeout)
+                if sha256_of(copy) != digest:
+                    raise RuntimeError(f"{name} served different bytes")
+                copy.unlink()
+            print(f"bench.http {stamp}: {args.size_mib} MiB file, median of {args.repeats}")
+            print(f"env: cpu={cpu_model()} vcpus={os.cpu_count()} python={sys.version.split()[0]} "
+                  f"lowlat={lowlat.label} server cpu {args.server_cpu}, client cpu {args.client_cpu}, "
+                  f"nginx={nginx_version()} worker_processes 1")  # fmt: skip
+            others = OtherCPU(lab.namespaces)
+            others.start()
+            if "download" in scenarios:
+                for n in (int(c) for c in args.concurrency.split(",")):
+                    walls: dict[str, list[float]] = {"rackboot": [], "nginx": []}
+                    for i in range(args.repeats):
+                        for name in ["rackboot", "nginx"] if i % 2 == 0 else ["nginx", "rackboot"]:
+                            walls[name].append(
+                                download(
+                                    cli, targets[name][0], n, size, args.client_cpu, args.timeout
+                                )
+                            )
+                    results[f"download-{n}"] = report_download(n, size, walls)
+            if "scripts" in scenarios:
+                rates: dict[str, list[float]] = {"rackboot": [], "nginx": []}
+                for i in range(args.repeats):
+                    for name in ["rackboot", "nginx"] if i % 2 == 0 else ["nginx", "rackboot"]:
+                        rates[name].append(
+                            wrk(cli, targets[name][1], args.wrk_seconds, args.client_cpu)
+                        )
+                results["scripts"] = report_rates(rates, len(script))
+            busy, hogs = others.stop()
+            print(f"other processes meanwhile: {busy:.0f}% of a CPU {hogs or ''}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json is not None:
+        path = Path(args.json) if args.json else REPO / "bench" / "results" / f"http-{stamp}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps({"time": stamp, "args": vars(args), "results": results}, indent=2)
+        )
+        print(f"results: {path}")
+    return 0
+
+
+def nginx_version() -> str:
+    res = subprocess.run(["nginx", "-v"], capture_output=True, text=True, timeout=10)
+    return res.stderr.strip().rpartition("/")[2]
+
+
+def report_download(n: int, size: int, walls: dict[str, list[float]]) -> dict:
+    out = {}
+    for name, runs in walls.items():
+        median = statistics.median(runs)
+        out[name] = {"wall_s": runs, "median_s": median, "aggregate_mib_s": n * size / MIB / median}
+    ratio = out["rackboot"]["aggregate_mib_s"] / out["nginx"]["aggregate_mib_s"]
+    out["ratio"] = ratio
+    print(f"download n={n:<2}  rackboot {out['rackboot']['aggregate_mib_s']:7.0f} MiB/s   "
+          f"nginx {out['nginx']['aggregate_mib_s']:7.0f} MiB/s   ratio {ratio:.2f}x   "
+          f"(runs s: rackboot {[round(w, 2) for w in walls['rackboot']]}, "
+          f"nginx {[round(w, 2) for w in walls['nginx']]})")  # fmt: skip
+    return out
+
+
+def report_rates(rates: dict[str, list[float]], script_bytes: int) -> dict:
+    out = {
+        name: {"req_s": runs, "median_req_s": statistics.median(runs)}
+        for name, runs in rates.items()
+    }
+    ratio = out["rackboot"]["median_req_s"] / out["nginx"]["median_req_s"]
+    out["ratio"] = ratio
+    print(f"scripts ({script_bytes} B, wrk -c16)  rackboot {out['rackboot']['median_req_s']:8.0f} req/s   "
+          f"nginx {out['nginx']['median_req_s']:8.0f} req/s   ratio {ratio:.2f}x")  # fmt: skip
+    return out
