@@ -14,6 +14,7 @@ import inspect
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 
 import h11
 import trio
@@ -132,9 +133,10 @@ class Connection:
             raise _Timeout(self.phase)
         if data and self.phase == "idle":
             self._request_started()
-        self.h11.receive_data(data)
+        self.h11.receive_data(bytes(data))
 
-    async def _next_event(self) -> h11.Event:
+    async def _next_event(self) -> Any:
+        """The next h11 event (``Request``, ``Data``, ``EndOfMessage``, ``ConnectionClosed``)."""
         while True:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
@@ -258,7 +260,8 @@ class Connection:
             )
         )
         if response.region is not None and not bodyless and length:
-            self.h11.send_with_data_passthrough(h11.Data(data=response.region))
+            # h11 counts the region against Content-Length by len() and passes it through
+            self.h11.send_with_data_passthrough(h11.Data(data=response.region))  # type: ignore[arg-type]
             self.h11.send(h11.EndOfMessage())
             try:
                 await send_head_and_file(
@@ -298,7 +301,7 @@ class Connection:
         """Stop sending, then read and drop what the client still sends for a moment, so
         the close does not reset the connection before the client has read our answer."""
         try:
-            await self.stream.send_eof()
+            await self.stream.send_eof()  # type: ignore[attr-defined]
         except (AttributeError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return
         drained = 0

@@ -85,8 +85,8 @@ class Stats(Collector):
         recorded = CounterMetricFamily(
             "rackboot_http_events", "Installer events recorded, by status.", labels=["status"]
         )
-        for status, n in sorted(self.events_recorded.items()):
-            recorded.add_metric([status], n)
+        for event_status, n in sorted(self.events_recorded.items()):
+            recorded.add_metric([event_status], n)
         yield recorded
         refused = CounterMetricFamily(
             "rackboot_http_event_refusals", "Installer events not recorded.", labels=["reason"]
