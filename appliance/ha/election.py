@@ -23,7 +23,7 @@ from collections import deque
 from appliance.ha.acceptor import Acceptor
 from appliance.ha.messages import Accepted, Handover, Message, Prepare, Promise, Propose, Release
 from appliance.ha.proposer import ALL, Event, Proposer
-from appliance.ha.schema import Timing, quorum
+from appliance.ha.schema import Timing, epoch_quorum, quorum
 
 REQUESTS = (Prepare, Propose, Release)
 ANSWERS = (Promise, Accepted, Handover)
@@ -54,7 +54,8 @@ class Election:
             group, now, max_lease=timing.lease, known_epoch=known_epoch, acceptors=n
         )
         self.proposer = Proposer(
-            me, group, timing, acceptors=n, quorum=quorum(n, split_brain_opt_in), now=now,
+            me, group, timing, acceptors=n, quorum=quorum(n, split_brain_opt_in),
+            epoch_quorum=epoch_quorum(n, split_brain_opt_in), now=now,
             incarnation=incarnation, rng=rng, maintenance=maintenance,
         )  # fmt: skip
         self.proposer.known_epoch = known_epoch

@@ -12,10 +12,10 @@ A **round** takes the lease, or renews it, in two phases:
 
 The **epoch** (fencing token): a holder renewing keeps its epoch. Anyone
 else takes ``1 +`` the highest epoch known to the promising majority, and
-only when a majority of acceptors that *remember* answered (disk-backed, or
-diskless ones that never restarted or have learnt the epoch since): any
-earlier grant's majority shares a member with that one, so the new epoch
-is higher than every epoch granted before. Without such a majority (a
+only when more than ``acceptors - quorum`` of them *remember* (disk-backed,
+or diskless ones that never restarted or have learnt the epoch since): no
+earlier grant's majority fits among the others, so one of its members is
+among them and the new epoch is higher than every epoch granted before. Without such a majority (a
 restarted witness while an appliance is down) the proposer waits, unless
 an operator forces it (:meth:`Proposer.promote` with ``force``).
 
@@ -91,6 +91,7 @@ class Proposer:
         *,
         acceptors: int,
         quorum: int,
+        epoch_quorum: int | None = None,
         now: float,
         incarnation: int,
         rng: random.Random,
@@ -101,6 +102,7 @@ class Proposer:
         self.timing = timing
         self.acceptors = acceptors
         self.quorum = quorum
+        self.epoch_quorum = quorum if epoch_quorum is None else epoch_quorum
         self.rng = rng
         self.maintenance = maintenance
         self.known_epoch = 0  # the highest epoch seen in any answer or granted to us
@@ -177,7 +179,8 @@ class Proposer:
         if self.valid_until is not None and now >= self.valid_until - self.timing.step_down_lead:
             self._lose(now, "expired")
         if self.round is not None and now >= self.round.start + self.timing.round_timeout:
-            self._fail(now, self._timeout_reason(self.round), retry=self.timing.renew / 2)
+            # a holder retries at once (below); a candidate nobody answers is in no hurry
+            self._fail(now, self._timeout_reason(self.round), retry=self.timing.renew)
         if (
             self.round is None
             and self._may_run()
@@ -239,7 +242,7 @@ class Proposer:
             epoch = self.epoch
         else:
             remembering = [p for p in rnd.promises.values() if not p.amnesic]
-            if len(remembering) < self.quorum and not self.force_epoch:
+            if len(remembering) < self.epoch_quorum and not self.force_epoch:
                 if len(rnd.promises) + len(rnd.refused) >= self.acceptors:
                     self._fail(now, "amnesic", retry=self.timing.renew)
                 return  # wait: a remembering acceptor may still answer

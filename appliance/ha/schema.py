@@ -207,3 +207,16 @@ def quorum(acceptors: int, split_brain_opt_in: bool = False) -> int:
     if acceptors == 2 and split_brain_opt_in:
         return 1
     return acceptors // 2 + 1
+
+
+def epoch_quorum(acceptors: int, split_brain_opt_in: bool = False) -> int:
+    """How many answering acceptors must remember epochs before a new epoch is picked.
+
+    An earlier grant's majority escapes them only if it fits among the others,
+    which it cannot once they number more than ``acceptors - quorum``. The
+    opted-in pair has two disjoint "majorities" of one: its epochs can collide
+    under partition, which is part of the risk accepted.
+    """
+    if acceptors == 2 and split_brain_opt_in:
+        return 1
+    return acceptors - quorum(acceptors) + 1

@@ -135,6 +135,23 @@ def test_a_restarted_witness_cannot_vouch_for_the_epoch_while_an_appliance_is_do
     assert net.acquisitions()[-1][2] == 2
 
 
+def test_two_restarted_witnesses_of_four_acceptors_do_not_stop_the_appliances():
+    net = Net()
+    net.add_witness("w")
+    net.add_witness("x")
+    net.add_node("a", ["b"], ["w", "x"])
+    net.add_node("b", ["a"], ["w", "x"])
+    net.run_until(2.0)
+    holder = net.holders()[0]
+    for w in "wx":
+        net.kill(w)
+        net.add_witness(w)
+    net.nodes[holder].demote(net.now)  # a new epoch is needed, with both witnesses amnesic
+    net._flush(holder)
+    net.run_until(net.now + 3.0)
+    assert len(net.holders()) == 1 and net.acquisitions()[-1][2] == 2
+
+
 def test_a_restarted_witness_learns_the_epoch_from_the_live_holder():
     net = started("a", "b")
     holder = net.holders()[0]
