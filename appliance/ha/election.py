@@ -117,6 +117,10 @@ class Election:
     # -- queries ------------------------------------------------------------------
 
     @property
+    def maintenance(self) -> bool:
+        return self.proposer.maintenance
+
+    @property
     def valid_until(self) -> float | None:
         return self.proposer.valid_until
 

@@ -161,6 +161,7 @@ class Proposer:
             self._release(now, "maintenance")
         else:
             self.next_round = now
+            self.holdoff_until = 0.0  # an operator's word outranks an earlier hand-over
 
     def shutdown(self, now: float) -> None:
         self.maintenance = True

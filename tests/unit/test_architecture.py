@@ -52,6 +52,7 @@ SANS_IO = [
     "appliance.ha.proposer",
     "appliance.ha.election",
     "appliance.ha.fence",
+    "appliance.ha.envelope",
 ]
 
 FORBIDDEN = {

@@ -1,0 +1,44 @@
+"""Cluster identities made offline for HA tests: one CA holder enrols the others."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from appliance.cluster import authority, pki
+from appliance.cluster.files import ClusterFiles
+
+
+def enrol_members(base: Path, names: list[str], rack: str = "rack1") -> dict[str, Path]:
+    """``base/<name>`` data directories, each with a member identity of one new cluster."""
+    now = time.time()
+    dirs = {name: base / name for name in names}
+    first = ClusterFiles(dirs[names[0]])
+    authority.init_cluster(first, names[0], now)
+    ca_der = first.read("ca.crt")
+    ca_der = pki.cert_der(pki.x509.load_pem_x509_certificate(ca_der))
+    for name in names[1:]:
+        token = authority.issue_token(first, ["127.0.0.1:1"], 600, now)
+        key = pki.new_key()
+        request = {
+            "token": token.token_id, "secret": token.secret, "name": name, "rack": rack,
+            "csr": pki.csr_der(pki.make_csr(key, name)),
+        }  # fmt: skip
+        done = authority.enrol(first, request, now)
+        authority.adopt_enrolment(
+            ClusterFiles(dirs[name]), pki.key_to_pem(key), ca_der, done.cert_der, done.crl_der, now
+        )
+    return dirs
+
+
+def free_udp_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports free now (another process could take one before use: tests retry nothing)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
