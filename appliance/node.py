@@ -26,6 +26,7 @@ from appliance import control
 from appliance.api import Role, Service
 from appliance.config import Config
 from appliance.errors import AlreadyRunning, PluginError, RackbootError
+from appliance.ha.fence import FOREVER, Fence
 from appliance.logs import get_logger
 from appliance.pluginmanager import RackbootPluginManager, call_each
 
@@ -54,6 +55,12 @@ class Node:
         self._lock_fd: int | None = None
         # The cluster service (appliance.cluster.service.Cluster), made by the core plugin.
         self.cluster: Any = None
+        # The fencing guard plugins ask before an outward effect (appliance/ha/fence.py),
+        # and the HA service (appliance.ha.service) when [ha] names peers: it then
+        # decides the role, and the node no longer makes itself active.
+        self.fence = Fence(trio.current_time)
+        self.ha: Any = None
+        self.handle_signals = True
 
     # -- for plugins ------------------------------------------------------
 
@@ -99,6 +106,7 @@ class Node:
 
     async def _run(self, handle_signals: bool, task_status) -> None:
         self._started_at = trio.current_time()
+        self.handle_signals = handle_signals
         self._prepare_data_dir()
         try:
             self.services = self._collect_services()
@@ -112,7 +120,8 @@ class Node:
                     try:
                         async with trio.open_nursery() as services:
                             await self._start_services(services)
-                            self._set_role(Role.ACTIVE)
+                            if self.ha is None or not self.ha.elects:
+                                self._set_role(Role.ACTIVE)
                             log.info(
                                 "ready",
                                 node=self.config.node.name,
@@ -225,7 +234,17 @@ class Node:
                 )
             self.service_state[svc.name] = "stopped"
 
+    def set_role(self, new: Role, *, valid_until: float = FOREVER, epoch: int = 0) -> None:
+        """Become ``new``; active until ``valid_until`` (the lease's end), as the election says."""
+        if new is Role.ACTIVE:
+            self.fence.grant(valid_until, epoch)
+        self._set_role(new)
+
     def _set_role(self, new: Role) -> None:
+        if new is Role.STANDBY:
+            self.fence.revoke()  # before any plugin hears of it
+        elif self.fence.valid_until == -FOREVER:
+            self.fence.grant(FOREVER)  # a standalone node holds an endless lease
         old, self.role = self.role, new
         if old is not new:
             log.info("role changed", old=str(old), new=str(new))
