@@ -9,6 +9,8 @@ from appliance import __version__
 from appliance.api import Field, Float, List, Section, Service, Str, hookimpl
 from appliance.cluster.schema import SECTION as _CLUSTER
 from appliance.config import default_node_name, dev_data_dir
+from appliance.ha import plugin as ha
+from appliance.ha.schema import SECTION as _HA
 
 if TYPE_CHECKING:
     from appliance.api import Role
@@ -19,7 +21,7 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
 
 @hookimpl
 def rackboot_config_schema() -> list[Section]:
-    return [_NODE, _PLUGINS, _CLUSTER]
+    return [_NODE, _PLUGINS, _CLUSTER, _HA]
 
 
 _NODE = Section(
@@ -82,6 +84,7 @@ def rackboot_status(node: Node) -> dict[str, Any]:
         "uptime": round(node.uptime(), 3),
         "services": {s.name: node.service_state[s.name] for s in node.services},
         "cluster": node.cluster.status() if node.cluster is not None else {"state": "off"},
+        "ha": node.ha.status() if node.ha is not None else {"mode": "standalone"},
     }
 
 
@@ -94,7 +97,8 @@ def rackboot_services(node: Node) -> list[Service]:
 
     settings = node.config["cluster"]
     node.cluster = Cluster(node, settings)
-    return [] if settings.enabled == "off" else [Service("cluster", node.cluster.run)]
+    cluster = [] if settings.enabled == "off" else [Service("cluster", node.cluster.run)]
+    return cluster + ha.services(node)  # after the cluster: the election signs with its identity
 
 
 @hookimpl
@@ -105,4 +109,20 @@ def rackboot_role_changed(node: Node, old: Role, new: Role) -> None:
 
 @hookimpl
 def rackboot_control_commands(node: Node) -> dict[str, Any]:
-    return node.cluster.control_commands() if node.cluster is not None else {}
+    commands = node.cluster.control_commands() if node.cluster is not None else {}
+    if node.ha is not None:
+        commands.update(node.ha.control_commands())
+    return commands
+
+
+# -- active/standby (appliance/ha, docs/ha.md) -------------------------------
+
+
+@hookimpl
+def rackboot_configure(config) -> None:
+    ha.configure(config)
+
+
+@hookimpl
+def rackboot_cli_commands():
+    return ha.CLI_COMMANDS

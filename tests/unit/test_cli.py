@@ -52,7 +52,7 @@ def test_example_passes_check_from_stdin(capsys, monkeypatch):
         ),
         (
             "[nodes]\n",
-            "nodes: expected a known section (known: cluster, dhcp, httpboot, node, plugins, tftp)",
+            "nodes: expected a known section (known: cluster, dhcp, ha, httpboot, node, plugins, tftp)",
         ),
         (
             "[node]\ndata_dir = 'relative/dir'\n",
@@ -106,7 +106,9 @@ def test_plugins_list_json_describes_core(capsys):
     plugins = {p["name"]: p for p in json.loads(out)}
     assert plugins["core"]["distribution"] == "rackboot"
     assert plugins["core"]["hooks"] == [
+        "rackboot_cli_commands",
         "rackboot_config_schema",
+        "rackboot_configure",
         "rackboot_control_commands",
         "rackboot_role_changed",
         "rackboot_services",

@@ -45,13 +45,15 @@ def test_core_only():
     pm = build_plugin_manager(entry_points=[])
     assert list(pm.infos) == ["core"]
     assert pm.infos["core"].hooks == [
+        "rackboot_cli_commands",
         "rackboot_config_schema",
+        "rackboot_configure",
         "rackboot_control_commands",
         "rackboot_role_changed",
         "rackboot_services",
         "rackboot_status",
     ]
-    assert [s.name for s in collect_sections(pm)] == ["node", "plugins", "cluster"]
+    assert [s.name for s in collect_sections(pm)] == ["node", "plugins", "cluster", "ha"]
 
 
 def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
@@ -66,6 +68,7 @@ def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
         ("node", "core"),
         ("plugins", "core"),
         ("cluster", "core"),
+        ("ha", "core"),
         ("good", "good"),
     ]
 
