@@ -76,6 +76,13 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
     metrics = with_query(with_config(sub.add_parser("metrics", help="print Prometheus metrics")))
     metrics.set_defaults(func=cmd_metrics)
     add_cluster_commands(sub, with_config)
+    witness = with_config(
+        sub.add_parser("witness", help="run an election witness: votes only, no DHCP, no disk")
+    )
+    witness.add_argument(
+        "--listen", metavar="ADDRESS:PORT", help="UDP address (default: [ha] listen and port)"
+    )
+    witness.set_defaults(func=cmd_witness)
 
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): sub}
     for command in extra:
@@ -127,6 +134,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, pm = load(source, args.disable_plugin)
     node = Node(config, pm)
     trio.run(node.run)
+    return EXIT_OK
+
+
+def cmd_witness(args: argparse.Namespace) -> int:
+    """An acceptor for the racks of its cluster (appliance/ha/witness.py, docs/ha.md)."""
+    import trio
+
+    from appliance.ha.witness import Witness, load_identity
+
+    config, _ = load(resolve_source(args.config, args.dev), args.disable_plugin)
+    ha = config["ha"]
+    listen, port = str(ha.listen), ha.port
+    if args.listen:
+        host, _, text = args.listen.rpartition(":")
+        if not host or not text.isdigit():
+            raise RackbootError(f"--listen wants ADDRESS:PORT, got {args.listen!r}")
+        listen, port = host, int(text)
+    identity = load_identity(config.node.data_dir)
+    trio.run(Witness(identity, listen, port, ha.lease).run)
     return EXIT_OK
 
 
