@@ -68,6 +68,7 @@ class DhcpPlugin:
             DhcpMetrics(node.metrics, server),
             events=self._lease_event,
             probe_timeout=settings.probe_timeout,
+            fence=node.fence.ok,
         )
         return [Service("server", self.service.run)]
 

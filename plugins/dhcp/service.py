@@ -57,6 +57,7 @@ class DhcpService:
         events: Callable[[Lease], None] = lambda lease: None,
         probe_timeout: float = 0.5,
         clock: Callable[[], float] = time.time,
+        fence: Callable[[], bool] = lambda: True,
     ) -> None:
         self.server = server
         self.store = store
@@ -65,6 +66,7 @@ class DhcpService:
         self.events = events
         self.probe_timeout = probe_timeout
         self.clock = clock  # wall time: leases outlive the process
+        self.fence = fence  # node.fence.ok: does this node still hold the rack's lease?
         self.sockets: dict[str, socket.socket] = {}
         self._nursery: trio.Nursery | None = None
         self._probing: dict[int, tuple[bytes, Arrival]] = {}  # address -> newest DISCOVER
@@ -127,20 +129,24 @@ class DhcpService:
         if outcome.probe is not None:
             self._start_probe(data, arrival, outcome.probe)
         elif outcome.commits:
-            commits, replies = outcome.commits, outcome.replies
-            self.store.commit(commits, lambda: self._durable(commits, replies))
+            commits, replies, fenced = outcome.commits, outcome.replies, self.server.active
+            self.store.commit(commits, lambda: self._durable(commits, replies, fenced))
         else:
-            self._send(outcome.replies)
+            self._send(outcome.replies, self.server.active)
 
-    def _durable(self, commits: list[Lease], replies: list[Reply]) -> None:
-        self._send(replies)
+    def _durable(self, commits: list[Lease], replies: list[Reply], fenced: bool) -> None:
+        self._send(replies, fenced)
         for lease in commits:
             try:
                 self.events(lease)
             except Exception as exc:  # a listener's bug must not stop the server
                 log.error("lease event hook failed", error=f"{type(exc).__name__}: {exc}")
 
-    def _send(self, replies: list[Reply]) -> None:
+    def _send(self, replies: list[Reply], fenced: bool = False) -> None:
+        """``fenced``: decided while active, so sent only while the lease still holds."""
+        if fenced and replies and not self.fence():
+            self.metrics.count(Outcome(dropped="fenced"), received=False)
+            return
         for reply in replies:
             sock = self.sockets[reply.interface]
             address = reply.address

@@ -1,0 +1,59 @@
+"""The fence at the plugins' send paths: a reply decided while active leaves only while
+the lease holds; a standby's own answers (reservations) do not need it."""
+
+from __future__ import annotations
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from appliance.ha.fence import Fence
+from plugins.dhcp.metrics import DhcpMetrics
+from plugins.dhcp.model import Reservation
+from plugins.dhcp.options import MessageType
+from plugins.dhcp.server import DhcpServer
+from plugins.dhcp.service import DhcpService
+from plugins.dhcp.store import LeaseStore
+from tests.trio.test_dhcp_shell import FakeSocket
+from tests.unit.dhcp.clients import ON_LINK, config, ip, mac, message
+
+NOW = 1_000_000.0
+
+
+def dhcp(tmp_path, fence: Fence):
+    server = DhcpServer(config(reservations=(Reservation(ip("192.0.2.50"), mac(9)),)))
+    registry = CollectorRegistry()
+    service = DhcpService(
+        server, LeaseStore(tmp_path / "leases.journal"), (ON_LINK.interface,),
+        DhcpMetrics(registry, server), clock=lambda: NOW, fence=fence.ok,
+    )  # fmt: skip
+    sock = FakeSocket()
+    service.sockets[ON_LINK.interface] = sock
+    service.l2_unicast = False
+    return service, sock, registry
+
+
+def discover(service, hw: bytes) -> None:
+    data = message(MessageType.DISCOVER, hw)
+    service._dispatch(data, ON_LINK, service.server.handle(data, ON_LINK, NOW))
+
+
+async def test_an_active_node_past_its_lease_sends_no_dynamic_answer(tmp_path):
+    fence = Fence(trio.current_time)
+    service, sock, registry = dhcp(tmp_path, fence)
+    fence.grant(trio.current_time() + 0.5)
+    discover(service, mac(1))
+    assert len(sock.sent) == 1  # within the lease: the OFFER goes
+    await trio.sleep(0.6)  # a pause past the lease; the role has not changed yet
+    discover(service, mac(2))
+    assert len(sock.sent) == 1
+    assert registry.get_sample_value("rackboot_dhcp_dropped_total", {"reason": "fenced"}) == 1
+    assert fence.refused == 1
+
+
+async def test_a_standby_answers_its_reservations_without_the_lease(tmp_path):
+    fence = Fence(trio.current_time)  # never granted
+    service, sock, _ = dhcp(tmp_path, fence)
+    service.server.active = False
+    discover(service, mac(9))  # reserved
+    discover(service, mac(3))  # dynamic: the standby stays silent
+    assert len(sock.sent) == 1 and fence.refused == 0
