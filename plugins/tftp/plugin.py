@@ -163,7 +163,7 @@ class _Service:
         def open_hook(path: str, client: Client) -> Any:
             return pm.hook.tftp_open(path=path, client=client)
 
-        self.server = TftpServer(self.config, self.stats, open_hook)
+        self.server = TftpServer(self.config, self.stats, open_hook, node.fence.may_send_from)
 
     async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         root = self.config.root

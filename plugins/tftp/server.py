@@ -85,10 +85,19 @@ class ServerConfig:
 class TftpServer:
     """Serve read requests until cancelled. ``bound`` lists the listening addresses."""
 
-    def __init__(self, config: ServerConfig, stats: Stats, open_hook: OpenHook | None = None):
+    def __init__(
+        self,
+        config: ServerConfig,
+        stats: Stats,
+        open_hook: OpenHook | None = None,
+        may_send_from: Callable[[str], bool] = lambda address: True,
+    ):
         self.config = config
         self.stats = stats
         self._open_hook = open_hook
+        # node.fence.may_send_from: a request to the rack's VIP is served only under the lease
+        self.may_send_from = may_send_from
+        self.fenced = 0
         self._clients: set[tuple[Address, str]] = set()  # (client TID, local address)
         self._ifindexes: set[int] = set()
         self.bound: list[Address] = []
@@ -135,6 +144,9 @@ class TftpServer:
             data, ancdata, _flags, peer = await sock.recvmsg(REQUEST_BUFFER, _ANCILLARY)
             local, ifindex = _destination(ancdata, fallback)
             if self._ifindexes and ifindex not in self._ifindexes:
+                continue
+            if not self.may_send_from(local):
+                self.fenced += 1  # to the VIP, which this node no longer holds
                 continue
             try:
                 request = parse_untrusted(data)

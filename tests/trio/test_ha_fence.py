@@ -57,3 +57,30 @@ async def test_a_standby_answers_its_reservations_without_the_lease(tmp_path):
     discover(service, mac(9))  # reserved
     discover(service, mac(3))  # dynamic: the standby stays silent
     assert len(sock.sent) == 1 and fence.refused == 0
+
+
+async def test_tftp_requests_to_the_vip_are_served_only_under_the_lease(tmp_path):
+    """TFTP answers on every node, from its own addresses; from the VIP only while it holds."""
+    from plugins.tftp.server import ServerConfig, TftpServer
+    from plugins.tftp.stats import Stats
+
+    (tmp_path / "boot.bin").write_bytes(b"x" * 100)
+    fence = Fence(trio.current_time)
+    fence.vip = "127.0.0.1"  # the loopback stands in for the rack's VIP
+    server = TftpServer(ServerConfig(root=tmp_path, port=0), Stats(), None, fence.may_send_from)
+    rrq = b"\x00\x01boot.bin\x00octet\x00"
+
+    async def ask(port: int) -> bytes | None:
+        with trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM) as sock:
+            await sock.sendto(rrq, ("127.0.0.1", port))
+            with trio.move_on_after(0.5):
+                return await sock.recv(2048)
+        return None
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            ((_, port),) = await nursery.start(server.serve)
+            assert await ask(port) is None and server.fenced == 1
+            fence.grant(trio.current_time() + 5)
+            assert (await ask(port))[:4] == b"\x00\x03\x00\x01"  # DATA block 1
+            nursery.cancel_scope.cancel()
