@@ -263,10 +263,15 @@ class Proposer:
         self.round = None
         valid_until = rnd.start + self.timing.usable
         self.next_round = rnd.start + self.timing.renew
+        was_holding = self.holding(now)
+        if rnd.renewal and not was_holding:
+            # the lease ran out while this renewal was on its way (a paused process):
+            # step down; the next round takes a new epoch
+            self._lose(now, "expired")
+            return
         if now >= valid_until - self.timing.step_down_lead:
             self.last_refusal = "granted too late"
             return
-        was_holding = self.holding(now)
         self.valid_until, self.epoch = valid_until, rnd.epoch
         self.known_epoch = max(self.known_epoch, rnd.epoch)
         self.force_epoch = False

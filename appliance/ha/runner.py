@@ -97,6 +97,10 @@ class ElectionRunner:
             if timer.cancelled_caught and deadline is not None:
                 # converting between clocks may round a hair short of the deadline
                 now = max(now, deadline)
+            if deadline is not None and now >= deadline:
+                # the deadline came first (e.g. while the process was paused): a lease
+                # that ran out is given up before a late answer is looked at
+                self.election.handle_timer(now)
             if got is not None:
                 self.received += 1
                 sender, address, message = got

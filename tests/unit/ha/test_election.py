@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from appliance.ha.messages import Promise, Propose
+from appliance.ha.messages import Accepted, Promise, Propose
 from appliance.ha.proposer import Acquired, Proposer, Renewed
 from appliance.ha.schema import Timing
 from tests.unit.ha.harness import Net
@@ -256,3 +256,28 @@ def test_a_grant_that_comes_back_too_late_is_not_used(lost):
     net.rack("a", "b")
     net.run_until(5.0)
     assert bool(net.holders()) is not lost
+
+
+def accepted(req):
+    return Accepted("rack1", req, 1, True, "", "a", 1.0, 1, 1, "a")
+
+
+def test_a_renewal_granted_after_the_lease_ran_out_steps_down_instead():
+    """A holder paused mid-renewal finds the grant waiting: its lease lapsed, so it stops."""
+    proposer = a_proposer()
+    proposer.handle_timer(0.0)
+    req = proposer.outbox[0][1].req
+    for who in "ab":
+        proposer.receive(who, promise(req), 0.0)
+    for who in "ab":
+        proposer.receive(who, accepted(req), 0.01)
+    assert proposer.holding(0.01) and proposer.valid_until == 0.85
+    proposer.handle_timer(0.25)  # the renewal starts in time ...
+    req = proposer.outbox[-1][1].req
+    for who in "ab":
+        proposer.receive(who, promise(req), 0.26)
+    for who in "ab":  # ... and its grant is read only after a pause past 0.85
+        proposer.receive(who, accepted(req), 1.5)
+    assert not proposer.holding(1.5)
+    assert [type(e).__name__ for e in proposer.events] == ["Acquired", "Lost"]
+    assert proposer.events[-1].reason == "expired"
