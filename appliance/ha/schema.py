@@ -91,7 +91,10 @@ SECTION = Section(
             doc="Interface the virtual IP goes on.",
         ),
         "garp_count": Field(
-            Int(min=0, max=20), default=3, doc="Gratuitous ARPs sent after taking the VIP."
+            Int(min=0, max=20),
+            default=4,
+            doc="Gratuitous ARPs sent after taking the VIP (the 4th, 1.75 s on, follows the "
+            "kernel's removal of a dead holder's VIP).",
         ),
         "garp_interval": Field(
             Float(min=0.01, max=10.0),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,7 @@ class HaService:
             )  # fmt: skip
         self.transitions = {"acquired": 0, "lost": 0}
         self.last_change = ""
+        self.changed_at: dict[str, float] = {}  # "acquired"/"lost" -> wall time, for operators
 
     # -- the service ---------------------------------------------------------------
 
@@ -180,6 +182,7 @@ class HaService:
         node = self.node
         if isinstance(event, Acquired):
             self.transitions["acquired"] += 1
+            self.changed_at["acquired"] = time.time()
             self.last_change = f"acquired epoch {event.epoch}"
             log.info("lease acquired", epoch=event.epoch)
             node.set_role(Role.ACTIVE, valid_until=event.valid_until, epoch=event.epoch)
@@ -189,6 +192,7 @@ class HaService:
             node.fence.grant(event.valid_until, event.epoch)
         elif isinstance(event, Lost):
             self.transitions["lost"] += 1
+            self.changed_at["lost"] = time.time()
             self.last_change = f"lost epoch {event.epoch}: {event.reason}"
             node.fence.revoke()
             (log.info if event.reason != "expired" else log.warning)(
@@ -258,6 +262,7 @@ class HaService:
             "fence_refusals": fence.refused,
             "transitions": dict(self.transitions),
             "last_change": self.last_change,
+            "changed_at": dict(self.changed_at),
             "timing": {"lease": self.timing.lease, "renew": self.timing.renew,
                        "margin": self.timing.margin},
         }  # fmt: skip

@@ -6,6 +6,12 @@ sends ``garp_count`` gratuitous ARPs spaced ``interval, 2*interval, ...``,
 each only while the fence still says yes; on ``False`` it stops announcing
 and removes the address. Netlink calls run in a worker thread: they take
 milliseconds, and the trio thread keeps renewing meanwhile.
+
+The address is added with a kernel lifetime of :data:`LIFETIME` seconds,
+renewed every :data:`REFRESH` seconds while held: if the process dies
+(``kill -9``) the kernel itself drops the VIP within seconds, instead of
+answering ARP for it forever. The last gratuitous ARPs go out after that,
+so neighbours end up pointing at the new holder.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from appliance.logs import get_logger
 log = get_logger("ha")
 
 ETH_P_ARP = 0x0806
+LIFETIME = 2  # seconds (the kernel's unit): a dead holder's VIP is gone this long after
+REFRESH = 0.5
 BROADCAST = b"\xff" * 6
 
 
@@ -49,15 +57,18 @@ class Vip:
         return found[0]
 
     def add(self) -> None:
+        """Add, or refresh the lifetime of, the address."""
         from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
 
         with IPRoute() as ipr:
             try:
-                ipr.addr("add", index=self._index(ipr), address=self.address, mask=self.prefixlen)
+                ipr.addr(
+                    "replace", index=self._index(ipr), address=self.address,
+                    prefixlen=self.prefixlen, valid_lft=LIFETIME, preferred_lft=LIFETIME,
+                )  # fmt: skip
             except NetlinkError as exc:
-                if exc.code != errno.EEXIST:
-                    raise OSError(exc.code, f"cannot add VIP {self.address}: {exc}") from None
+                raise OSError(exc.code, f"cannot add VIP {self.address}: {exc}") from None
 
     def remove(self) -> None:
         from pyroute2 import IPRoute
@@ -65,7 +76,9 @@ class Vip:
 
         with IPRoute() as ipr:
             try:
-                ipr.addr("del", index=self._index(ipr), address=self.address, mask=self.prefixlen)
+                ipr.addr(
+                    "del", index=self._index(ipr), address=self.address, prefixlen=self.prefixlen
+                )
             except NetlinkError as exc:
                 if exc.code not in (errno.EADDRNOTAVAIL, errno.ENOENT, errno.ESRCH):
                     raise OSError(exc.code, f"cannot remove VIP {self.address}: {exc}") from None
@@ -106,15 +119,27 @@ class VipKeeper:
         await self._apply(False)
         task_status.started()
         try:
-            while True:
-                self._changed = trio.Event()
-                await self._apply(self.wanted)
-                if self.held and self.wanted:
-                    await self._announce()
-                await self._changed.wait()
+            async with trio.open_nursery() as nursery:
+                while True:
+                    self._changed = trio.Event()
+                    was_held = self.held
+                    await self._apply(self.wanted)
+                    if self.held and not was_held:
+                        nursery.start_soon(self._announce)
+                    with trio.move_on_after(REFRESH if self.held else float("inf")):
+                        await self._changed.wait()
+                    if self.held and self.wanted and not self._changed.is_set():
+                        await self._refresh()
         finally:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 2.0):
                 await self._apply(False)
+
+    async def _refresh(self) -> None:
+        try:
+            await trio.to_thread.run_sync(self.vip.add)
+        except OSError as exc:
+            self.errors += 1
+            log.error("virtual IP refresh failed", vip=self.vip.address, error=str(exc))
 
     async def _apply(self, wanted: bool) -> None:
         try:
@@ -134,7 +159,7 @@ class VipKeeper:
     async def _announce(self) -> None:
         delay = self.interval
         for n in range(self.count):
-            if self._changed.is_set() or not self.fence.ok():
+            if not (self.wanted and self.held) or not self.fence.ok():
                 return
             try:
                 self.vip.announce()
@@ -144,6 +169,5 @@ class VipKeeper:
                 log.warning("gratuitous ARP failed", vip=self.vip.address, error=str(exc))
                 return
             if n + 1 < self.count:
-                with trio.move_on_after(delay):
-                    await self._changed.wait()
+                await trio.sleep(delay)
                 delay *= 2

@@ -10,10 +10,13 @@ from appliance.cluster import authority, pki
 from appliance.cluster.files import ClusterFiles
 
 
-def enrol_members(base: Path, names: list[str], rack: str = "rack1") -> dict[str, Path]:
-    """``base/<name>`` data directories, each with a member identity of one new cluster."""
+def enrol_members(
+    base: Path, names: list[str], rack: str = "rack1", dirs: dict[str, Path] | None = None
+) -> dict[str, Path]:
+    """Data directories (``base/<name>`` unless ``dirs`` names them), each with a member
+    identity of one new cluster."""
     now = time.time()
-    dirs = {name: base / name for name in names}
+    dirs = dirs or {name: base / name for name in names}
     first = ClusterFiles(dirs[names[0]])
     authority.init_cluster(first, names[0], now)
     ca_der = first.read("ca.crt")
