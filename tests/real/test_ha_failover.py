@@ -18,131 +18,16 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from appliance import control
-from appliance.errors import RackbootError
-from tests.support.dhcplab import DhcpNode, Udhcpc, rackboot, stop_process, wait_until
-from tests.support.ha import enrol_members
+from tests.support.dhcplab import Udhcpc, wait_until
+from tests.support.ha_lab import Rack
 from tests.support.netns import Lab, have_commands
 
-PORT = 7471
 pytestmark = pytest.mark.skipif(not have_commands("udhcpc"), reason="needs busybox udhcpc")
-
-
-class HaNode(DhcpNode):
-    """A rack appliance: DHCP on the lab link, the election, the VIP."""
-
-    def _serving(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"node exited {self.proc.returncode}:\n{self.log_text()}")
-        try:
-            status = control.call(self.socket, "status", timeout=2.0)
-        except RackbootError:
-            return False
-        return bool(status.get("dhcp", {}).get("serving")) and "election" in status["core"]["ha"]
-
-    def ha(self) -> dict | None:
-        try:
-            return control.call(self.socket, "ha.status", timeout=2.0)
-        except RackbootError:
-            return None
-
-    def active(self) -> bool:
-        ha = self.ha()
-        return bool(ha and ha["role"] == "active")
-
-
-class Rack:
-    def __init__(self, lab: Lab, tmp_path: Path) -> None:
-        self.lab = lab
-        self.hosts = {n: lab.add_host(n) for n in ("a", "b", "w")}
-        self.client = lab.add_host("c", bare=True)
-        self.vip = str(lab.network.network_address + 200)
-        dirs = {n: tmp_path / n / "data" for n in ("a", "b")} | {"w": tmp_path / "w"}
-        enrol_members(tmp_path, ["a", "b", "w"], dirs=dirs)
-        self.nodes = {n: self._node(tmp_path, n) for n in ("a", "b")}
-        self.witness_config = tmp_path / "w.toml"
-        self.witness_config.write_text(
-            f'[node]\nname = "w"\ndata_dir = "{dirs["w"]}"\n'
-            f'[ha]\nlisten = "{self.hosts["w"].addr}"\nport = {PORT}\n'
-        )
-        self.witness_log = tmp_path / "w.log"
-        self.witness: subprocess.Popen | None = None
-
-    def address(self, name: str) -> str:
-        return f"{self.hosts[name].addr}:{PORT}"
-
-    def _node(self, tmp_path: Path, name: str) -> HaNode:
-        host, other = self.hosts[name], "b" if name == "a" else "a"
-        net = self.lab.network
-        return HaNode(
-            host,
-            tmp_path / name,
-            f"""
-            [[dhcp.subnets]]
-            network = "{net}"
-            pools = ["{net.network_address + 100}-{net.network_address + 150}"]
-            router = "{net.network_address + 1}"
-
-            [cluster]
-            listen = "{host.addr}"
-            port = 7470
-            mdns = false
-
-            [ha]
-            listen = "{host.addr}"
-            port = {PORT}
-            peers = ["{self.address(other)}"]
-            witnesses = ["{self.address("w")}"]
-            vip = "{self.vip}/{net.prefixlen}"
-            vip_interface = "{host.ifname}"
-            """,
-            name=name,
-        )
-
-    def start(self) -> Rack:
-        with self.witness_log.open("w") as out:
-            self.witness = self.hosts["w"].popen(
-                rackboot("witness", "--config", str(self.witness_config)),
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-        for node in self.nodes.values():
-            node.start(timeout=60)
-        wait_until(lambda: len(self.actives()) == 1, 20, "one active", detail=self.logs)
-        return self
-
-    def actives(self) -> list[str]:
-        return [n for n, node in self.nodes.items() if node.active()]
-
-    def has_vip(self, name: str) -> bool:
-        host = self.hosts[name]
-        out = host.run(["ip", "-4", "-o", "addr", "show", "dev", host.ifname]).stdout
-        return f" {self.vip}/" in out
-
-    def cut(self, a: str, b: str) -> None:
-        """No unicast between ``a`` and ``b`` (both ways) from now on."""
-        for x, y in ((a, b), (b, a)):
-            self.hosts[x].run(["ip", "route", "add", "blackhole", f"{self.hosts[y].addr}/32"],
-                              check=True)  # fmt: skip
-
-    def logs(self) -> str:
-        texts = [f"--- {n}\n{node.log_text()[-3000:]}" for n, node in self.nodes.items()]
-        if self.witness_log.exists():
-            texts.append(f"--- w\n{self.witness_log.read_text()[-2000:]}")
-        return "\n".join(texts)
-
-    def close(self) -> None:
-        for node in self.nodes.values():
-            if node.proc is not None and node.proc.poll() is None:
-                stop_process(node.proc, signal.SIGTERM, 10)
-        if self.witness is not None and self.witness.poll() is None:
-            stop_process(self.witness, signal.SIGTERM, 10)
 
 
 @pytest.fixture
