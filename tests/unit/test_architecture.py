@@ -53,6 +53,7 @@ SANS_IO = [
     "appliance.ha.election",
     "appliance.ha.fence",
     "appliance.ha.envelope",
+    "appliance.ha.etcd_lease",
 ]
 
 FORBIDDEN = {
