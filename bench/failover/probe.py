@@ -1,0 +1,76 @@
+"""The client-side probe: a full DORA every 50 ms, relay-style, in the probe namespace.
+
+``python -m bench.failover.probe GIADDR OUT`` sends each exchange's messages to
+255.255.255.255:67 with ``giaddr`` set (replies come back to GIADDR:67, so
+the probe needs no raw sockets), rotating through 8 client MACs, and appends
+one JSON line per OFFER and ACK to OUT: ``{"t": monotonic, "type", "server",
+"xid"}``. ``CLOCK_MONOTONIC`` is one clock for every namespace of the host,
+so the controller compares these times with its own kill times. Runs until
+SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+from bench.dhcp.probe import ACK, DISCOVER, OFFER, REQUEST, build, parse
+
+PERIOD = 0.05
+MACS = [bytes([2, 0xFA, 0, 0, 0, i]) for i in range(8)]
+
+
+def main(argv: list[str]) -> int:
+    giaddr, out_path = argv[0], argv[1]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+    sock.bind((giaddr, 67))
+    gi = socket.inet_aton(giaddr)
+    pending: dict[int, bytes] = {}  # xid -> mac of exchanges waiting for an OFFER
+    xid = int.from_bytes(os.urandom(3), "big") << 8
+    next_send = time.monotonic()
+    n = 0
+    with open(out_path, "a", buffering=1) as out:
+        while True:
+            now = time.monotonic()
+            if now >= next_send:
+                xid += 1
+                mac = MACS[n % len(MACS)]
+                n += 1
+                pending[xid] = mac
+                if len(pending) > 64:
+                    pending.pop(next(iter(pending)))
+                sock.sendto(build(DISCOVER, xid, mac, gi), ("255.255.255.255", 67))
+                next_send += PERIOD
+                if next_send < now:  # fell behind (a stall): do not burst to catch up
+                    next_send = now + PERIOD
+            ready, _, _ = select.select([sock], [], [], max(0.0, next_send - time.monotonic()))
+            if not ready:
+                continue
+            data, _ = sock.recvfrom(4096)
+            got = parse(data)
+            if got is None:
+                continue
+            reply_xid, kind, yiaddr, opts = got
+            server = socket.inet_ntoa(opts[54]) if len(opts.get(54, b"")) == 4 else ""
+            record = {"t": time.monotonic(), "xid": reply_xid, "server": server}
+            if kind == OFFER and reply_xid in pending:
+                out.write(json.dumps({**record, "type": "offer"}) + "\n")
+                extra = bytes([50, 4]) + yiaddr + bytes([54, 4]) + opts[54]
+                sock.sendto(
+                    build(REQUEST, reply_xid, pending.pop(reply_xid), gi, extra),
+                    ("255.255.255.255", 67),
+                )
+            elif kind == ACK:
+                out.write(json.dumps({**record, "type": "ack"}) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,154 @@
+"""Why the election has its own signed UDP datagrams: the cost of one exchange both ways.
+
+    flock /tmp/rackboot-bench.lock python -m bench.failover.transport [--count 2000]
+
+On loopback, one trio process, the same message (a ``prepare`` and its
+``promise``):
+
+* signed UDP: seal (Ed25519 + certificate), send, open (certificate cached,
+  signature checked), answer the same way;
+* the cluster's TLS 1.3 link: the message framed as the peer links frame
+  theirs, over an established mutually authenticated ``SSLStream``.
+
+Prints the median and p99 round trip of each and the CPU of sealing and
+opening one datagram. What a lossy link does to each is not measured here
+(this machine has no netem): a lost TCP segment waits for a retransmission
+timeout of at least 200 ms and holds up everything behind it, and a link
+silent for ``dead_after`` is redialled with a backoff, where a lost datagram
+costs one election round (see docs/ha.md, "Why UDP").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from appliance.cluster import pki, wire
+from appliance.cluster.transport import client_context, server_context
+from appliance.ha.envelope import Opener, seal
+from appliance.ha.messages import Prepare, Promise, decode_untrusted, encode
+from appliance.ha.witness import load_identity
+from tests.support.ha import enrol_members
+
+PREPARE = Prepare("rack1", 1, 1, 3)
+PROMISE = Promise("rack1", 1, 1, True, "", "", 0, 0.0, 3, False, 1, "a" * 16)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, int(q * len(ordered) + 0.999999) - 1)]
+
+
+def crypto_cost(identity, count: int) -> tuple[float, float]:
+    der = pki.cert_der(identity.cert)
+    opener = Opener(identity.ca)
+    now = dt.datetime.now(dt.UTC)
+    started = time.perf_counter()
+    for _ in range(count):
+        datagram = seal(PREPARE, identity.key, der)
+    sealing = (time.perf_counter() - started) / count
+    opener.open_untrusted(datagram, now)  # the certificate check, once
+    started = time.perf_counter()
+    for _ in range(count):
+        opener.open_untrusted(datagram, now)
+    return sealing, (time.perf_counter() - started) / count
+
+
+async def udp_round_trips(a, b, count: int) -> list[float]:
+    sa = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sb = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    await sa.bind(("127.0.0.1", 0))
+    await sb.bind(("127.0.0.1", 0))
+    der_a, der_b = pki.cert_der(a.cert), pki.cert_der(b.cert)
+    opener_a, opener_b = Opener(a.ca), Opener(b.ca)
+    now = dt.datetime.now(dt.UTC)
+    times = []
+
+    async def answer() -> None:
+        while True:
+            data, peer = await sb.recvfrom(4096)
+            opener_b.open_untrusted(data, now)
+            await sb.sendto(seal(PROMISE, b.key, der_b), peer)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer)
+        for _ in range(count):
+            started = time.perf_counter()
+            await sa.sendto(seal(PREPARE, a.key, der_a), sb.getsockname())
+            data, _ = await sa.recvfrom(4096)
+            opener_a.open_untrusted(data, now)
+            times.append(time.perf_counter() - started)
+        nursery.cancel_scope.cancel()
+    sa.close()
+    sb.close()
+    return times
+
+
+async def tls_round_trips(a, b, count: int) -> list[float]:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    times = []
+
+    async def serve(stream: trio.SocketStream) -> None:
+        tls = trio.SSLStream(stream, server_context(b), server_side=True)
+        reader = wire.FrameReader()
+        while True:
+            data = await tls.receive_some(65536)
+            if not data:
+                return
+            for message in reader.feed(data):
+                decode_untrusted(message["m"])
+                await tls.send_all(wire.encode({"t": "crl", "m": encode(PROMISE), "der": b""}))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, serve, listeners)
+        tcp = await trio.open_tcp_stream("127.0.0.1", port)
+        tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tls = trio.SSLStream(tcp, client_context(a), server_hostname=None)
+        await tls.do_handshake()
+        reader = wire.FrameReader()
+        for _ in range(count):
+            started = time.perf_counter()
+            # framed like a peer-link message (a 'crl' frame carries bytes: the shape fits)
+            await tls.send_all(wire.encode({"t": "crl", "m": encode(PREPARE), "der": b""}))
+            got: list = []
+            while not got:
+                got = reader.feed(await tls.receive_some(65536))
+            decode_untrusted(got[0]["m"])
+            times.append(time.perf_counter() - started)
+        nursery.cancel_scope.cancel()
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.failover.transport")
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = enrol_members(Path(tmp), ["a", "b"])
+        a, b = load_identity(str(dirs["a"])), load_identity(str(dirs["b"]))
+        sealing, opening = crypto_cost(a, args.count)
+        udp, tls = [], []
+        for _ in range(args.repeats):
+            udp.append(statistics.median(trio.run(udp_round_trips, a, b, args.count)))
+            tls.append(statistics.median(trio.run(tls_round_trips, a, b, args.count)))
+    print(f"seal one datagram {sealing * 1e6:.0f} us, open one (certificate cached) "
+          f"{opening * 1e6:.0f} us")  # fmt: skip
+    print(f"round trip, median of {args.repeats} medians of {args.count}:")
+    print(f"  signed UDP   {statistics.median(udp) * 1e6:7.0f} us")
+    print(f"  TLS 1.3 link {statistics.median(tls) * 1e6:7.0f} us   "
+          f"ratio UDP/TLS {statistics.median(udp) / statistics.median(tls):.2f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
