@@ -1,0 +1,46 @@
+"""`rackboot ha ...` and `rackboot witness`: the requests the commands make, the rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.cli import build_parser
+from appliance.ha.plugin import CLI_COMMANDS, render_status
+
+
+@pytest.mark.parametrize(
+    "argv, control, sent",
+    [
+        (["ha", "status"], "ha.status", {}),
+        (["ha", "promote"], "ha.promote", {"force": False}),
+        (["ha", "promote", "--force"], "ha.promote", {"force": True}),
+        (["ha", "demote"], "ha.demote", {}),
+        (["ha", "maintenance", "on"], "ha.maintenance", {"on": True}),
+        (["ha", "maintenance", "off"], "ha.maintenance", {"on": False}),
+    ],
+)
+def test_each_command_sends_its_control_request(argv, control, sent):
+    args = build_parser(CLI_COMMANDS).parse_args(argv)
+    assert args.plugin_command.control == control
+    assert {dest: getattr(args, dest) for dest in args.plugin_args} == sent
+
+
+def test_witness_takes_a_listen_address():
+    args = build_parser().parse_args(["witness", "--listen", "10.0.0.9:7471"])
+    assert args.listen == "10.0.0.9:7471"
+
+
+def test_status_reads_like_a_sentence():
+    text = render_status({
+        "mode": "embedded", "role": "active", "epoch": 3, "valid_for": 0.61,
+        "election": {"maintenance": False, "holder_seen": "abcd", "known_epoch": 3,
+                     "quorum": 2, "acceptors": 3, "last_refusal": ""},
+        "vip": {"address": "10.0.0.1/24", "interface": "eth1", "held": True},
+        "last_change": "acquired epoch 3",
+    })  # fmt: skip
+    assert text.splitlines() == [
+        "mode embedded  role active  epoch 3  valid for 0.610s",
+        "  maintenance off  holder seen abcd  known epoch 3  quorum 2/3  last refusal -",
+        "  vip 10.0.0.1/24 on eth1: held",
+        "  last change: acquired epoch 3",
+    ]
