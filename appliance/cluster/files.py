@@ -37,6 +37,28 @@ PRIVATE = 0o600
 PUBLIC = 0o644
 
 
+def write_atomically(final: Path, data: bytes, mode: int) -> None:
+    """A temporary file with its final mode, fsynced, renamed over ``final``, the
+    directory fsynced: after a crash the file is whole, old or new."""
+    final.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)  # O_CREAT's mode is masked by the umask; this is not
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    dfd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 class ClusterStateError(RackbootError):
     """Cluster files missing, unreadable or inconsistent."""
 
@@ -100,24 +122,7 @@ class ClusterFiles:
             raise ClusterStateError(f"{self.path(name)} is not valid JSON") from None
 
     def write(self, name: str, data: bytes, mode: int) -> None:
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        final = self.path(name)
-        tmp = self.dir / f".{name}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-        try:
-            os.fchmod(fd, mode)  # O_CREAT's mode is masked by the umask; this is not
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomically(self.dir / name, data, mode)
 
     def write_json(self, name: str, data: Any, mode: int) -> None:
         self.write(name, json.dumps(data, indent=1, sort_keys=True).encode() + b"\n", mode)
