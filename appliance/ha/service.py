@@ -19,7 +19,6 @@ service stops it releases the lease so the standby takes over at once.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import trio
 
 from appliance.api import Role
+from appliance.cluster.files import write_atomically
 from appliance.control import ControlRequestError
 from appliance.errors import RackbootError
 from appliance.ha.election import Election
@@ -58,20 +58,7 @@ def read_epoch(path: Path) -> int:
 
 def write_epoch(path: Path, epoch: int) -> None:
     """Atomically and durably: an acceptor answers only once this returned."""
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, f"{epoch}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomically(path, f"{epoch}\n".encode(), 0o600)
 
 
 class HaService:

@@ -18,16 +18,9 @@ from appliance.ha.witness import Witness, load_identity
 from appliance.node import Node
 from tests.support.ha import enrol_members, free_udp_ports
 from tests.support.plugins import configured
+from tests.trio.test_cluster import wait_until
 
 CLUSTER = {"port": 0, "keepalive": 0.2, "dead_after": 1.0}
-
-
-async def wait_until(predicate, timeout: float = 10.0, what: str = "") -> None:
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
-        return
-    pytest.fail(f"timed out after {timeout} s waiting for {what or predicate}")
 
 
 @asynccontextmanager
