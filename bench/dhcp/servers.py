@@ -312,7 +312,7 @@ name = "bench"
 data_dir = "{data_dir}"
 
 [plugins]
-disabled = ["tftp"]
+disabled = ["tftp", "httpboot"]
 
 [dhcp]
 interfaces = ["{iface}"]

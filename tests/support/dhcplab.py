@@ -109,7 +109,7 @@ class DhcpNode:
         self.log = workdir / "node.log"
         self.config.write_text(
             f'[node]\nname = "{name}"\ndata_dir = "{self.data}"\nshutdown_grace = 2.0\n\n'
-            '[plugins]\ndisabled = ["tftp"]\n\n'
+            '[plugins]\ndisabled = ["tftp", "httpboot"]\n\n'
             f"[dhcp]\ninterfaces = {json.dumps(list(interfaces or (host.ifname,)))}\n"
             + textwrap.dedent(dhcp)
         )
