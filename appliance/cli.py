@@ -197,6 +197,11 @@ def format_status(status: dict[str, Any]) -> str:
     for name, state in sorted(core.get("services", {}).items()):
         lines.append(f"  service {name}: {state}")
     lines.extend(format_cluster(core.get("cluster") or {}))
+    ha = core.get("ha") or {}
+    if ha.get("mode", "standalone") != "standalone":
+        from appliance.ha.plugin import render_status
+
+        lines.extend("  ha: " + line.strip() for line in render_status(ha).splitlines())
     for plugin, info in sorted(status.items()):
         if plugin == "core":
             continue
