@@ -119,3 +119,16 @@ def test_sigstop_past_the_lease_emits_nothing_and_steps_down(rack, tmp_path):
     assert after["sent"] == before["sent"], json.dumps(after)
     assert rack.actives() == [other(old)]
     client.stop()
+
+
+def test_sigusr2_steps_down_and_sigusr1_takes_the_lease_back(rack):
+    first = rack.actives()[0]
+    second = other(first)
+    rack.nodes[first].proc.send_signal(signal.SIGUSR2)
+    wait_until(lambda: rack.actives() == [second], 3, "SIGUSR2: the other takes over",
+               detail=rack.logs)  # fmt: skip
+    rack.nodes[first].proc.send_signal(signal.SIGUSR1)
+    wait_until(lambda: rack.actives() == [first], 3, "SIGUSR1: the hand-over back",
+               detail=rack.logs)  # fmt: skip
+    assert rack.nodes[second].ha()["last_change"].endswith("handover")
+    wait_until(lambda: rack.has_vip(first) and not rack.has_vip(second), 3, "the VIP back")
