@@ -65,7 +65,7 @@ def sha256(path: Path) -> str:
 
 class Bench:
     def __init__(self, args, srv, cli, root: Path, dl: Path, digest: str) -> None:
-        self.pids: dict[str, int] = {}
+        self.accounts: dict = {}  # server name -> servers.CpuAccount
         self.args, self.srv, self.cli, self.root, self.dl, self.digest = (
             args,
             srv,
@@ -75,13 +75,14 @@ class Bench:
             digest,
         )
 
-    def run(self, server: str, client: str, window: int, n: int) -> tuple[float, float, float]:
-        """Wall seconds for ``n`` simultaneous downloads (every file checked), the server
-        process's CPU seconds (all its threads) and server vCPU busy seconds meanwhile."""
+    def run(self, server: str, client: str, window: int, n: int) -> tuple:
+        """Wall seconds for ``n`` simultaneous downloads (every file checked), the
+        server's CPU seconds (all its threads and children; None if not measurable)
+        and the server vCPU's (busy, softirq) seconds meanwhile."""
         dests = [self.dl / f"{server}-{i}" for i in range(n)]
         argvs = [client_argv(client, self.srv, PORTS[server], "big.bin", d, window) for d in dests]
-        pid = self.pids[server]
-        cpu0, busy0 = process_cpu(pid), cpus_busy(self.args.server_cpu)
+        account = self.accounts[server]
+        cpu0, busy0 = account.seconds(), cpus_busy(self.args.server_cpu)
         t0 = time.monotonic()
         procs = [self.cli.popen(["taskset", "-c", self.args.client_cpu, *a], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT) for a in argvs]  # fmt: skip
@@ -97,7 +98,8 @@ class Bench:
             if proc.returncode != 0:
                 failures.append(f"rc {proc.returncode}: {out.decode(errors='replace')[-200:]}")
         wall = time.monotonic() - t0
-        cpu, busy = process_cpu(pid) - cpu0, cpus_busy(self.args.server_cpu) - busy0
+        cpu = None if cpu0 is None else account.seconds() - cpu0
+        busy = [b - a for a, b in zip(busy0, cpus_busy(self.args.server_cpu), strict=True)]
         for d in dests:
             if not failures and sha256(d) != self.digest:
                 failures.append(f"{d.name}: content differs")
@@ -107,22 +109,20 @@ class Bench:
         return wall, cpu, busy
 
 
-def process_cpu(pid: int) -> float:
-    """utime + stime of ``pid``, all threads, plus its reaped children (seconds)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def cpus_busy(cpulist: str) -> float:
-    """Busy seconds (all but idle and iowait) of the CPUs in a taskset list like '0' or '0,1'."""
+def cpus_busy(cpulist: str) -> tuple[float, float]:
+    """(busy, softirq) seconds of the CPUs in a taskset list like '0' or '0,1': busy is
+    all but idle and iowait; softirq is the part the kernel spent in softirqs (with
+    IRQ time accounting it is charged to no process: the sends' veth/bridge path)."""
     wanted = {f"cpu{c}" for c in cpulist.split(",")}
-    busy = 0
+    busy = softirq = 0
     for line in Path("/proc/stat").read_text().splitlines():
         name, *values = line.split()
         if name in wanted:
             v = [int(x) for x in values]
             busy += sum(v) - v[3] - v[4]
-    return busy / os.sysconf("SC_CLK_TCK")
+            softirq += v[6]
+    hz = os.sysconf("SC_CLK_TCK")
+    return busy / hz, softirq / hz
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers.values():
                 server.start(srv, root, work, args.server_cpu)
             bench = Bench(args, srv, cli, root, dl, digest)
-            bench.pids = {name: server.proc.pid for name, server in servers.items()}
+            bench.accounts = {name: server.account for name, server in servers.items()}
             print(
                 f"bench.tftp {stamp}: {args.size_mib} MiB, blksize 1468, median of {args.repeats}"
             )
@@ -217,31 +217,36 @@ def report(label, client, window, n, size, blocks, runs, busy, hogs) -> dict:
     walls = {name: [r[0] for r in rs] for name, rs in runs.items()}
     med = {name: statistics.median(ts) for name, ts in walls.items()}
     rate = {name: n * size / MIB / t for name, t in med.items()}
-    # CPU per DATA block: the process (all threads; tftpd-hpa's forked children are
-    # not seen) and the server vCPU as a whole (softirq included, and anyone else's load).
-    proc_us = {
-        name: statistics.median(r[1] for r in rs) / blocks * 1e6 for name, rs in runs.items()
-    }
-    vcpu_us = {
-        name: statistics.median(r[2] for r in rs) / blocks * 1e6 for name, rs in runs.items()
-    }
+
+    def per_block(values) -> float | None:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) / blocks * 1e6 if values else None
+
+    # CPU per DATA block (µs): the server's own (threads and children), and the
+    # server vCPU's softirq time (the sends' path through veth and bridge).
+    cpu_us = {name: per_block(r[1] for r in rs) for name, rs in runs.items()}
+    sirq_us = {name: per_block(r[2][1] for r in rs) for name, rs in runs.items()}
+    vcpu_us = {name: per_block(r[2][0] for r in rs) for name, rs in runs.items()}
     print(f"\n## {label}: {n} x {client}, windowsize {window}")
     for name in runs:
         listed = ", ".join(f"{t:.2f}" for t in walls[name])
+        cpu = "n/a" if cpu_us[name] is None else f"{cpu_us[name]:5.1f}"
         print(f"{name:10} median {med[name]:7.2f} s  {rate[name]:7.1f} MiB/s  "
-              f"cpu/block: process {proc_us[name]:5.1f} us, server vCPU {vcpu_us[name]:5.1f} us  "
+              f"us/block: cpu {cpu} + softirq {sirq_us[name]:4.1f} (vCPU busy {vcpu_us[name]:5.1f})  "
               f"runs [{listed}]")  # fmt: skip
     ratio = rate[rb] / rate[peer]
-    print(
-        f"rackboot / {peer} = {ratio:.2f}x"
-        + (f"   [others used {busy:.0f}% CPU: {', '.join(hogs)}]" if busy >= 10 else "")
-    )
+    line = f"rackboot / {peer} = {ratio:.2f}x"
+    if cpu_us[rb] and cpu_us[peer]:
+        cost = (cpu_us[rb] + sirq_us[rb]) / (cpu_us[peer] + sirq_us[peer])
+        line += f"   CPU per block (cpu + softirq) rackboot / {peer} = {cost:.2f}x"
+    print(line + (f"   [others used {busy:.0f}% CPU: {', '.join(hogs)}]" if busy >= 10 else ""))
     return {
         "runs": walls,
         "median_s": med,
         "mib_per_s": rate,
         "ratio": ratio,
-        "process_cpu_us_per_block": proc_us,
-        "server_vcpu_busy_us_per_block": vcpu_us,
+        "cpu_us_per_block": cpu_us,
+        "softirq_us_per_block": sirq_us,
+        "vcpu_busy_us_per_block": vcpu_us,
         "others_cpu_pct": busy,
     }

@@ -18,6 +18,7 @@ APT_TIMEOUT = 900.0
 CACHE = Path("/var/cache/rackboot-bench")  # atftpd unpacked here (it conflicts with tftpd-hpa)
 CLIENT_PACKAGES = ["atftp", "curl", "util-linux"]  # util-linux: taskset
 PORTS = {"rackboot": 69, "tftpd-hpa": 1069, "atftpd": 2069}
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 
 def apt(*args: str) -> subprocess.CompletedProcess:
@@ -51,6 +52,7 @@ class Server:
     port: int
     proc: subprocess.Popen | None = None
     extra: tuple[str, ...] = ()  # more [tftp] lines for rackboot ("busy_poll_us = 0")
+    account: CpuAccount | None = None
 
     def argv(self, host: Host, root: Path, work: Path) -> list[str]:
         addr = host.addr
@@ -64,7 +66,7 @@ class Server:
         config = work / "rackboot.toml"
         config.write_text(
             # Only the tftp plugin: the others' services would share its vCPU.
-            f'[plugins]\ndisabled = ["dhcp"]\n'
+            f'[plugins]\ndisabled = ["dhcp", "httpboot"]\n'
             f'[node]\nname = "bench"\ndata_dir = "{work / "data"}"\n'
             f'[tftp]\naddresses = ["{addr}"]\nport = {self.port}\nroot = "{root}"\n'
             "max_transfers = 1000\n" + "".join(f"{line}\n" for line in self.extra)
@@ -77,6 +79,7 @@ class Server:
         argv = ["taskset", "-c", cpu, *self.argv(host, root, work)]
         self.proc = host.popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                env={**os.environ, "XDG_DATA_HOME": str(work / "xdg")})  # fmt: skip
+        self.account = CpuAccount(f"rackboot-bench-tftp-{self.name}-{self.proc.pid}", self.proc.pid)
         if self.name == "rackboot":
             self._wait_rackboot(host, work)
         else:
@@ -106,6 +109,38 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        if self.account is not None:
+            self.account.remove()
+
+
+class CpuAccount:
+    """CPU time of a server and everything it starts (threads, forked children, even
+    those that have exited), from a cgroup-v1 ``cpuacct`` group of its own.
+
+    Without one, tftpd-hpa's per-transfer children escape ``/proc/PID/stat``. Where
+    no cpuacct hierarchy is mounted, ``seconds()`` is None and the figure is left out.
+    """
+
+    def __init__(self, name: str, pid: int) -> None:
+        self.path: Path | None = CPUACCT / name
+        try:
+            self.path.mkdir()
+            (self.path / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            self.path = None
+
+    def seconds(self) -> float | None:
+        if self.path is None:
+            return None
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+
+    def remove(self) -> None:
+        if self.path is not None:
+            try:
+                self.path.rmdir()  # empty once the server and its children have exited
+            except OSError:
+                pass
+            self.path = None
 
 
 def client_argv(
