@@ -261,7 +261,7 @@ class Pump:
         sock, peer = job.sock, job.peer
         i, count = 0, len(batch)
         while i < count:
-            group = _gso_group(batch, i) if job.gso else 1
+            group = _gso_group(batch, i) if job.gso and count - i > 1 else 1
             try:
                 if group > 1:
                     # A window in one system call: the kernel cuts it into datagrams
@@ -306,10 +306,6 @@ class Pump:
         job.armed = _NEVER
         job.ended = now
         self._post(self._finished, job)
-
-    def held(self) -> list[Job]:
-        """After :meth:`run` returned: the jobs it still held (running or queued)."""
-        return [*self._jobs.values(), *self._inbox]
 
 
 def _gso_group(batch: list[bytes], i: int) -> int:
