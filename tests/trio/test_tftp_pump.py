@@ -1,14 +1,13 @@
 """The TFTP data path (one pump thread for every transfer) on real loopback sockets.
 
 Shutdown with transfers in flight, the ``max_transfers`` bound across the thread
-hand-over, send-buffer overflow, refills from a worker thread, a file that shrinks
-mid-transfer, many transfers at once, many lossy ones at once. Bounded by
-``trio.fail_after``; no timing is asserted.
+hand-over, a window far larger than the client's buffer, refills from a worker
+thread, a file that shrinks mid-transfer, many lossy transfers at once (many clean
+ones: test_tftp_server.py). Bounded by ``trio.fail_after``; no timing is asserted.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from pathlib import Path
@@ -166,31 +165,6 @@ async def test_a_file_that_shrinks_mid_transfer_ends_with_an_error(root):
             await server.wait_idle()
             assert server.stats.transfers["failed"] == 1
             assert server.stats.errors_sent[0] == 1
-            nursery.cancel_scope.cancel()
-
-
-async def test_a_hundred_transfers_at_once(root):
-    names = ["big.bin", "mid.bin", "large.bin"]
-    want = {n: hashlib.sha256((root / n).read_bytes()).hexdigest() for n in names}
-    results = []
-
-    async def one(addr, i):
-        name = names[i % 3]
-        options = {"blksize": ("512", "1468", "8192")[i % 3], "windowsize": str(1 + i % 8)}
-        got = await fetch(addr, name, options, timeout=0.5, limit=120)
-        results.append(hashlib.sha256(got.data).hexdigest() == want[name])
-
-    with trio.fail_after(150):
-        async with trio.open_nursery() as nursery:
-            server, addr = await start(nursery, root, timeout=1.0, max_timeout=2.0, retries=10)
-            async with trio.open_nursery() as clients:
-                for i in range(100):
-                    clients.start_soon(one, addr, i)
-            assert results == [True] * 100
-            await server.wait_idle()
-            assert server.stats.transfers["complete"] == 100
-            assert server.stats.bytes_sent == sum((root / names[i % 3]).stat().st_size
-                                                  for i in range(100))  # fmt: skip
             nursery.cancel_scope.cancel()
 
 
