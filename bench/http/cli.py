@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.dhcp.system import LowLatency, OtherCPU, cpu_model, missing_packages
 from bench.tftp.servers import apt
 from tests.support.netns import Host, Lab
-from tests.support.nodeproc import wait_listening
+from tests.support.nodeproc import start_node
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ["nginx-light", "curl", "wrk", "util-linux"]
@@ -63,14 +63,9 @@ def start_rackboot(srv: Host, root: Path, work: Path, cpu: str) -> subprocess.Po
         f'[httpboot]\naddresses = ["{srv.addr}"]\nport = {PORTS["rackboot"]}\nroot = "{root}"\n'
         "max_connections = 4096\n"
     )
-    log = (work / "rackboot.log").open("w")
-    proc = srv.popen(
-        ["taskset", "-c", cpu, sys.executable, "-m", "appliance", "run", "--config", str(config)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, "XDG_DATA_HOME": str(work / "xdg")},
-    )  # fmt: skip
-    wait_listening(srv, work / "data" / "control.sock", proc, work / "rackboot.log", "httpboot")
-    return proc
+    return start_node(
+        srv, config, work / "data" / "control.sock", work, "httpboot", prefix=("taskset", "-c", cpu)
+    )
 
 
 def start_nginx(srv: Host, root: Path, work: Path, cpu: str) -> subprocess.Popen:

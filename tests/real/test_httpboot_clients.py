@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.netns import Host, Lab
-from tests.support.nodeproc import wait_listening
+from tests.support.nodeproc import start_node
 
 CLIENT_TIMEOUT = 60.0
 NGINX_PORT = 8081
@@ -98,14 +97,7 @@ def served(netns_available: None, tmp_path_factory: pytest.TempPathFactory) -> I
             '[[httpboot.profiles]]\nname = "default"\nkernel = "vmlinuz"\n'
             'initrd = ["initrd.img"]\ncmdline = "console=ttyS0"\n'
         )
-        log = work / "node.log"
-        env = {**os.environ, "XDG_DATA_HOME": str(work / "xdg")}
-        with log.open("w") as out:
-            proc = srv.popen(
-                [sys.executable, "-m", "appliance", "run", "--config", str(config)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=work,
-            )  # fmt: skip
-        wait_listening(srv, data / "control.sock", proc, log, "httpboot")
+        start_node(srv, config, data / "control.sock", work, "httpboot")
         nginx = _start_nginx(srv, root, work)
         yield Served(srv, cli, root, work, nginx)
 
