@@ -96,6 +96,12 @@ _RESERVATION = {
 }
 
 _DEV_SUBNET = {"network": "127.0.0.0/8", "pools": ["127.0.100.10-127.0.100.250"]}
+# The no-config node serves HTTP boot on 8080 (the httpboot plugin's dev port), so
+# its boot URLs name that port; a configured node's default to port 80.
+_DEV_BOOT = {
+    key: getattr(BootFiles(), key).replace("{server}", "{server}:8080")
+    for key in ("http_x64", "http_arm64", "ipxe_script")
+}
 
 SECTION = Section(
     "dhcp",
@@ -138,7 +144,12 @@ SECTION = Section(
         "probe_timeout": Field(
             Float(min=0.05, max=5.0), default=0.5, doc="Seconds to wait for a probe's answer."
         ),
-        "boot": Field(Table(_boot_fields(BootFiles())), default={}, doc="The boot table."),
+        "boot": Field(
+            Table(_boot_fields(BootFiles())),
+            default={},
+            dev_default=_DEV_BOOT,
+            doc="The boot table.",
+        ),
         "subnets": Field(
             TableList(_SUBNET), default=(), dev_default=[_DEV_SUBNET], doc="Subnets served."
         ),

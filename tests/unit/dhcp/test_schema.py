@@ -48,6 +48,14 @@ def test_a_full_section_translates(tmp_path):
     assert (cfg.server_port, cfg.client_port) == (6767, 6868)  # the test config is a dev node
 
 
+def test_the_dev_node_boot_urls_name_the_dev_http_port(tmp_path):
+    """The no-config node serves HTTP boot on 8080: its iPXE and UEFI HTTP URLs say so."""
+    cfg = server_config(tmp_path)  # the test config is a dev node
+    assert cfg.boot.ipxe_script == "http://{server}:8080/boot/{mac}.ipxe"
+    assert cfg.boot.http_x64 == "http://{server}:8080/boot/ipxe.efi"
+    assert cfg.boot.bios == BootFiles().bios  # TFTP paths carry no port
+
+
 @pytest.mark.parametrize(
     ("dhcp", "message"),
     [
