@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.ha.proposer import Acquired, Event, Lost, Renewed
+from appliance.ha.proposer import Acquired, Event, LeaseTimes, Lost, Renewed
 from appliance.ha.schema import Timing
 
 
@@ -40,7 +40,7 @@ class Request:
     body: dict[str, Any]
 
 
-class EtcdLease:
+class EtcdLease(LeaseTimes):
     def __init__(self, me: str, key: str, timing: Timing, now: float, *, maintenance=False):
         self.me = me
         self.key = key
@@ -63,13 +63,8 @@ class EtcdLease:
 
     # -- queries ----------------------------------------------------------------
 
-    def holding(self, now: float) -> bool:
-        return self.valid_until is not None and now < self.valid_until
-
     def get_timer(self) -> float | None:
-        times = []
-        if self.valid_until is not None:
-            times.append(self.valid_until - self.timing.step_down_lead)
+        times = self._step_down_times()
         if self.in_flight is not None:
             times.append(self.in_flight[1] + self.timing.round_timeout)
         elif self.pending:

@@ -69,6 +69,22 @@ Event = Acquired | Renewed | Lost
 ALL = "*"  # destination: every acceptor (the shell knows their addresses)
 
 
+class LeaseTimes:
+    """What the embedded and the etcd election share: validity on the node's own clock,
+    and stepping down ``step_down_lead`` before it ends."""
+
+    valid_until: float | None
+    timing: Timing
+
+    def holding(self, now: float) -> bool:
+        return self.valid_until is not None and now < self.valid_until
+
+    def _step_down_times(self) -> list[float]:
+        if self.valid_until is None:
+            return []
+        return [self.valid_until - self.timing.step_down_lead]
+
+
 @dataclass
 class Round:
     req: int
@@ -82,7 +98,7 @@ class Round:
     refused: dict[str, Promise | Accepted] | None = None
 
 
-class Proposer:
+class Proposer(LeaseTimes):
     def __init__(
         self,
         me: str,
@@ -122,13 +138,8 @@ class Proposer:
 
     # -- queries ----------------------------------------------------------------
 
-    def holding(self, now: float) -> bool:
-        return self.valid_until is not None and now < self.valid_until
-
     def get_timer(self) -> float | None:
-        times = []
-        if self.valid_until is not None:
-            times.append(self.valid_until - self.timing.step_down_lead)
+        times = self._step_down_times()
         if self.round is not None:
             times.append(self.round.start + self.timing.round_timeout)
         elif self._may_run():

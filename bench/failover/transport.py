@@ -64,7 +64,8 @@ def crypto_cost(identity, count: int) -> tuple[float, float]:
     return sealing, (time.perf_counter() - started) / count
 
 
-async def udp_round_trips(a, b, count: int) -> list[float]:
+async def udp_exchanges(a, b, count: int, *, retry: float | None = None) -> list[float]:
+    """``count`` prepare/promise exchanges as signed datagrams; ``retry``: resend after it."""
     sa = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sb = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     await sa.bind(("127.0.0.1", 0))
@@ -77,17 +78,24 @@ async def udp_round_trips(a, b, count: int) -> list[float]:
     async def answer() -> None:
         while True:
             data, peer = await sb.recvfrom(4096)
-            opener_b.open_untrusted(data, now)
-            await sb.sendto(seal(PROMISE, b.key, der_b), peer)
+            req = opener_b.open_untrusted(data, now)[1].req
+            reply = Promise(**{**PROMISE.__dict__, "req": req})
+            await sb.sendto(seal(reply, b.key, der_b), peer)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(answer)
-        for _ in range(count):
+        for n in range(count):
+            request = seal(Prepare("rack1", n, 1, 3), a.key, der_a)
             started = time.perf_counter()
-            await sa.sendto(seal(PREPARE, a.key, der_a), sb.getsockname())
-            data, _ = await sa.recvfrom(4096)
-            opener_a.open_untrusted(data, now)
+            while True:
+                await sa.sendto(request, sb.getsockname())
+                with trio.move_on_after(retry if retry is not None else float("inf")):
+                    while opener_a.open_untrusted((await sa.recvfrom(4096))[0], now)[1].req != n:
+                        pass
+                    break
             times.append(time.perf_counter() - started)
+            if retry is not None:
+                await trio.sleep(0.002)
         nursery.cancel_scope.cancel()
     sa.close()
     sb.close()
@@ -136,39 +144,7 @@ RETRY = 0.05
 
 
 async def udp_lossy(a, b, count: int) -> list[float]:
-    sa = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sb = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    await sa.bind(("127.0.0.1", 0))
-    await sb.bind(("127.0.0.1", 0))
-    der_a, der_b = pki.cert_der(a.cert), pki.cert_der(b.cert)
-    opener_a, opener_b = Opener(a.ca), Opener(b.ca)
-    now = dt.datetime.now(dt.UTC)
-    times = []
-
-    async def answer() -> None:
-        while True:
-            data, peer = await sb.recvfrom(4096)
-            req = opener_b.open_untrusted(data, now)[1].req
-            reply = Promise(**{**PROMISE.__dict__, "req": req})
-            await sb.sendto(seal(reply, b.key, der_b), peer)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(answer)
-        for n in range(count):
-            request = seal(Prepare("rack1", n, 1, 3), a.key, der_a)
-            started = time.perf_counter()
-            while True:
-                await sa.sendto(request, sb.getsockname())
-                with trio.move_on_after(RETRY):
-                    while True:
-                        data, _ = await sa.recvfrom(4096)
-                        if opener_a.open_untrusted(data, now)[1].req == n:
-                            break
-                    break
-            times.append(time.perf_counter() - started)
-            await trio.sleep(0.002)
-        nursery.cancel_scope.cancel()
-    return times
+    return await udp_exchanges(a, b, count, retry=RETRY)
 
 
 async def tls_lossy(a, b, count: int) -> list[float]:
@@ -232,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         sealing, opening = crypto_cost(a, args.count)
         udp, tls = [], []
         for _ in range(args.repeats):
-            udp.append(statistics.median(trio.run(udp_round_trips, a, b, args.count)))
+            udp.append(statistics.median(trio.run(udp_exchanges, a, b, args.count)))
             tls.append(statistics.median(trio.run(tls_round_trips, a, b, args.count)))
     print(f"seal one datagram {sealing * 1e6:.0f} us, open one (certificate cached) "
           f"{opening * 1e6:.0f} us")  # fmt: skip
