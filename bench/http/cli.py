@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -26,12 +25,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench import results_file
 from bench.dhcp.system import LowLatency, OtherCPU, cpu_model, missing_packages
 from bench.tftp.servers import apt
 from tests.support.netns import Host, Lab
 from tests.support.nodeproc import start_node
 
-REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ["nginx-light", "curl", "wrk", "util-linux"]
 PORTS = {"rackboot": 80, "nginx": 8080}
 MIB = 1 << 20
@@ -217,12 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json is not None:
-        path = Path(args.json) if args.json else REPO / "bench" / "results" / f"http-{stamp}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps({"time": stamp, "args": vars(args), "results": results}, indent=2)
-        )
-        print(f"results: {path}")
+        results_file.save("http", stamp, args.json, vars(args), results)
     return 0
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import statistics
@@ -23,11 +22,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench import results_file
 from bench.dhcp.cli import wait_until_quiet
 from bench.dhcp.system import LowLatency, OtherCPU, cpu_model, cpuidle_driver, missing_packages
 from bench.tftp.servers import CLIENT_PACKAGES, PORTS, Server, apt, atftpd_binary, client_argv
 
-REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = {  # name: (client, windowsize, peer)
     "single": ("atftp", 1, "tftpd-hpa"),
     "window": ("atftp", 16, "atftpd"),
@@ -203,12 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
     if args.json is not None:
-        path = Path(args.json) if args.json else REPO / "bench" / "results" / f"tftp-{stamp}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps({"time": stamp, "args": vars(args), "results": results}, indent=2)
-        )
-        print(f"results: {path}")
+        results_file.save("tftp", stamp, args.json, vars(args), results)
     return 0
 
 
