@@ -154,16 +154,14 @@ class Pump:
 
     def _loop(self) -> None:
         clock, poll, jobs, heap = time.monotonic, self._epoll.poll, self._jobs, self._timers
-        buf = bytearray(ACK_BUFFER)
-        view = memoryview(buf)
         while not self._stopping:
             now = clock()
             wait = max(heap[0][0] - now, 0.0) if heap else -1.0
-            events = None
             if self._busy_poll and len(jobs) == 1 and not self._inbox:
-                events = self._spin(self._busy_poll if wait < 0 else min(self._busy_poll, wait))
-            if not events:
-                events = poll(wait)
+                (job,) = jobs.values()
+                if self._spin(job, self._busy_poll if wait < 0 else min(self._busy_poll, wait)):
+                    continue
+            events = poll(wait)
             now = clock()
             for fd, mask in events:
                 job = jobs.get(fd)
@@ -174,8 +172,8 @@ class Pump:
                 try:
                     if mask & select.EPOLLOUT:
                         self._flush(job)
-                    if mask & ~select.EPOLLOUT:
-                        self._receive(job, buf, view, now)
+                    if mask & ~select.EPOLLOUT and self._receive(job, now):
+                        continue  # the lock-step fast path sent the next block
                     self._step(job, now)
                 except Exception as exc:  # one transfer's bug must not stop the others
                     self._crash(job, exc)
@@ -190,15 +188,29 @@ class Pump:
                 except Exception as exc:
                     self._crash(job, exc)
 
-    def _spin(self, seconds: float) -> list:
-        """Poll without sleeping for up to ``seconds``: a lone lock-step transfer's ACK
-        is one round trip away, and a vCPU that halts meanwhile is slow to wake."""
-        poll, end = self._epoll.poll, time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            events = poll(0)
-            if events:
-                return events
-        return []
+    def _spin(self, job: Job, seconds: float) -> bool:
+        """Poll the lone transfer's socket without sleeping for up to ``seconds``; True
+        when a datagram came and was handled. Its ACK is one round trip away, a vCPU
+        that halts meanwhile is slow to wake, and reading the socket directly spares
+        the epoll call between the ACK and the next DATA."""
+        if job.backlog:
+            return False  # the send buffer is full: only epoll says when it drains
+        recv, clock, end = job.sock.recvfrom, time.perf_counter, time.perf_counter() + seconds
+        while clock() < end:
+            try:
+                data, sender = recv(ACK_BUFFER)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return False  # e.g. an ICMP error: epoll and the timer take over
+            now = time.monotonic()
+            try:
+                if not self._handle(job, data, sender, now):
+                    self._step(job, now)
+            except Exception as exc:
+                self._crash(job, exc)
+            return True
+        return False
 
     def _take_inbox(self, now: float) -> None:
         try:
@@ -216,20 +228,43 @@ class Pump:
             except Exception as exc:
                 self._crash(job, exc)
 
-    def _receive(self, job: Job, buf: bytearray, view: memoryview, now: float) -> None:
+    def _receive(self, job: Job, now: float) -> bool:
+        """Read one datagram and feed it to the machine; True when the lock-step fast
+        path already sent the answer (the job needs no :meth:`_step`)."""
         # One datagram per wake-up: epoll is level-triggered, so a second one queued
         # comes back with the next poll, and lock-step never pays for an empty read.
         try:
-            n, sender = job.sock.recvfrom_into(buf)
+            data, sender = job.sock.recvfrom(ACK_BUFFER)
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except OSError:
-            return  # e.g. an ICMP error queued on the socket: the timer covers it
-        if sender == job.peer:
-            job.machine.receive_datagram(bytes(view[:n]), now)
-        else:  # another address or port: RFC 1350 ERROR 5, the transfer goes on
+            return False  # e.g. an ICMP error queued on the socket: the timer covers it
+        return self._handle(job, data, sender, now)
+
+    def _handle(self, job: Job, data: bytes, sender: Address, now: float) -> bool:
+        """One datagram for ``job``'s socket; True when the fast path answered it."""
+        if sender != job.peer:  # another address or port: RFC 1350 ERROR 5, the transfer goes on
             self._stats.unknown_tid += 1
             _send_best_effort(job.sock, _UNKNOWN_TID, sender)
+            return False
+        machine = job.machine
+        if (
+            data == machine.fast_ack
+            and not job.waiting
+            and not job.backlog
+            and not job.source.short_of(job.need)
+        ):
+            try:
+                job.sock.sendto(machine.fast_data, sender)
+            except BlockingIOError:
+                job.backlog.append(machine.fast_data)
+                self._epoll.modify(job.fd, _IN_OUT)
+            except OSError as exc:
+                log.debug("send failed", client=f"{sender[0]}:{sender[1]}", error=str(exc))
+            machine.ack_next(now)  # the bookkeeping, and the next block read ahead
+            return True
+        machine.receive_datagram(data, now)
+        return False
 
     def _step(self, job: Job, now: float) -> None:
         """Pull what the machine has to send, send it, then finish or re-arm the timer."""

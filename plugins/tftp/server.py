@@ -240,7 +240,7 @@ class TftpServer:
         except BaseException:
             source.close()
             raise
-        need = options.blksize * options.windowsize
+        need = options.blksize * (options.windowsize + 1)  # lock-step reads a block ahead
         return Job(sock, peer, machine, source, need, (request, local, options), started)
 
     async def _open(self, requested: str, client: Client) -> Source:

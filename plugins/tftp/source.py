@@ -43,16 +43,18 @@ class Source:
     def from_bytes(cls, data: bytes) -> Source:
         return cls(len(data), data=bytes(data))
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int) -> bytes | memoryview:
+        """``size`` bytes at ``offset`` (fewer at the end); a view into the read-ahead
+        buffer when buffered (the machine copies it once, into the datagram)."""
         start = offset - self._buf_at
         if start >= 0 and start + size <= len(self._buf):
-            chunk = bytes(self._buf[start : start + size])
+            chunk = self._buf[start : start + size]
         elif self._error is not None:
             raise self._error  # the machine fails the transfer with the reason
         elif self._fd is not None:  # not buffered (a file that shrank): read here
             chunk = os.pread(self._fd, size, offset)
         else:
-            chunk = bytes(self._buf[max(start, 0) : max(start, 0) + size])
+            chunk = self._buf[max(start, 0) : max(start, 0) + size]
         self._pos = offset + len(chunk)
         return chunk
 

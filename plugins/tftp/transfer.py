@@ -22,9 +22,26 @@ cut; the size sent is then not known up front, so the shell offers no ``tsize``
 (``negotiate(file_size=None)``). ``size`` is always the source file's size.
 
 File bytes come from ``reader(offset, size)``, which returns exactly ``size``
-bytes unless the file ends first. It is called only from ``datagrams_to_send``,
-so a shell can run that call off its event loop; the blocks of the current
-window are cached (at most windowsize x blksize bytes) for retransmission.
+bytes (or any bytes-like object, e.g. a memoryview of a read-ahead buffer)
+unless the file ends first. It is called only from ``datagrams_to_send`` and
+``ack_next``, so a shell can run those calls off its event loop; the DATA
+datagrams of the current window are cached (at most windowsize x blksize bytes)
+for retransmission.
+
+The lock-step fast path: while the machine waits for the ACK of the one block
+it has sent (windowsize 1), ``fast_ack`` holds that exact 4-byte ACK and
+``fast_data`` the next block's DATA, already read and encoded. A shell that
+receives a datagram equal to ``fast_ack`` may send ``fast_data`` at once and
+then call ``ack_next(now)``, instead of ``receive_datagram`` +
+``datagrams_to_send``: the same transition (the block is acknowledged, the next
+one sent, the timer re-armed), with only a compare between the ACK arriving and
+the DATA leaving, and none of the parsing, window and list bookkeeping that was
+most of the Python time per block (bench/README.md, bench.tftp). The machine
+therefore reads one block ahead in lock-step: a reader must have ``2 x blksize``
+bytes ready. ``fast_ack`` is None whenever the shortcut would not be the same
+transition (a window, the OACK, the final block in flight, a timeout pending,
+the end) or the block ahead could not be read (the general path meets the error
+when that block is due).
 """
 
 from __future__ import annotations
@@ -41,6 +58,7 @@ from .packets import (
     ErrorCode,
     MalformedPacket,
     Opcode,
+    encode_ack,
     encode_data,
     encode_error,
     encode_oack,
@@ -48,7 +66,7 @@ from .packets import (
 )
 from .packets import Error as ErrorPacket
 
-Reader = Callable[[int, int], bytes]
+Reader = Callable[[int, int], bytes | memoryview]
 _ACK_OPCODE = Opcode.ACK.to_bytes(2, "big")
 
 
@@ -105,7 +123,7 @@ class ReadTransfer:
         self._acked = 0  # every block <= acked is acknowledged (0: the OACK, or nothing yet)
         self._sent = 0  # highest block sent so far
         self._last: int | None = None  # the final (short) block, once read
-        self._cache: dict[int, bytes] = {}
+        self._cache: dict[int, bytes] = {}  # DATA datagrams sent and not yet acknowledged
         self._src_offset = 0
         self._src_eof = False
         self._pending = bytearray()  # netascii output not yet cut into blocks
@@ -113,6 +131,8 @@ class ReadTransfer:
         self._out: list[bytes] = []
         self._timer: float | None = now + self._timeout  # the shell sends at once
         self._events: deque[Event] = deque()
+        self.fast_ack: bytes | None = None  # the lock-step fast path: see the module docstring
+        self.fast_data: bytes | None = None
         self.bytes_sent = 0
         self.retransmits = 0
         self.malformed = 0
@@ -152,6 +172,7 @@ class ReadTransfer:
         if self._state is _State.DONE or self._timer is None or now < self._timer:
             return
         self._timer = None
+        self.fast_ack = self.fast_data = None
         self._attempts += 1
         if self._attempts > self._retries:
             # No ERROR: a client that hears nothing from us would not hear it either.
@@ -169,8 +190,24 @@ class ReadTransfer:
                 self._fail(ErrorCode.NOT_DEFINED, str(exc))
             if self._state is not _State.DONE:
                 self._timer = now + self._timeout
+                self._arm_fast_path()
         out, self._out = self._out, []
         return out
+
+    def ack_next(self, now: float) -> None:
+        """``fast_ack`` arrived and the shell sent ``fast_data``: finish the transition.
+
+        Exactly what ``receive_datagram(fast_ack, now)`` then ``datagrams_to_send(now)``
+        would have done, the datagram sent included; only valid while ``fast_ack`` is set.
+        """
+        acked, sent = self._sent, self._sent + 1
+        del self._cache[acked]
+        self._acked, self._sent = acked, sent
+        self.bytes_sent += len(self._cache[sent]) - 4
+        self._attempts = 0
+        self._timeout = self._base
+        self._timer = now + self._timeout
+        self._arm_fast_path()
 
     # -- internals
 
@@ -181,14 +218,28 @@ class ReadTransfer:
             return [encode_oack(self._oack)]
         out = []
         for block in range(start, self._acked + self._window + 1):
-            payload = self._block(block)
-            out.append(encode_data(block & 0xFFFF, payload))
+            datagram = self._datagram(block)
+            out.append(datagram)
             if block <= self._sent:
                 self.retransmits += 1
-            self._sent = max(self._sent, block)
+            else:
+                self.bytes_sent += len(datagram) - 4
+                self._sent = block
             if block == self._last:
                 break
         return out
+
+    def _arm_fast_path(self) -> None:
+        self.fast_ack = self.fast_data = None
+        sent = self._sent
+        if self._window == 1 and self._state is _State.DATA and sent == self._acked + 1:
+            if sent == self._last:
+                return  # its ACK ends the transfer
+            try:
+                self.fast_data = self._datagram(sent + 1)
+            except _ReadError:
+                return  # the general path meets the error again when that block is due
+            self.fast_ack = encode_ack(sent & 0xFFFF)
 
     def _on_ack(self, wire: int) -> None:
         if self._state is _State.OACK:
@@ -200,6 +251,7 @@ class ReadTransfer:
         block = self._acked + ((wire - self._acked) & 0xFFFF)
         if block == self._acked or block > self._sent:
             return  # duplicate or stray: acting on it would be the Sorcerer's Apprentice bug
+        self.fast_ack = self.fast_data = None  # datagrams_to_send sets them again
         for old in range(self._acked + 1, block + 1):
             self._cache.pop(old, None)
         self._acked = block
@@ -214,28 +266,31 @@ class ReadTransfer:
         self._attempts = 0
         self._timeout = self._base
 
-    def _block(self, block: int) -> bytes:
+    def _datagram(self, block: int) -> bytes:
         cached = self._cache.get(block)
         if cached is not None:
             return cached
         # Windows restart at acked + 1 and blocks <= acked leave the cache, so a block
         # not cached is always the next one to read.
+        payload = self._next_payload()
+        # The one copy of the payload (from the reader's buffer into the datagram).
+        datagram = self._cache[block] = encode_data(block & 0xFFFF, payload)
+        if len(payload) < self._blksize:
+            self._last = block
+        return datagram
+
+    def _next_payload(self) -> bytes | memoryview:
         if self._netascii:
             while len(self._pending) < self._blksize and not self._src_eof:
                 chunk = self._read_source()
                 # Byte by byte independent, so chunk boundaries need no care.
-                self._pending += chunk.replace(b"\r", b"\r\0").replace(b"\n", b"\r\n")
+                self._pending += bytes(chunk).replace(b"\r", b"\r\0").replace(b"\n", b"\r\n")
             payload = bytes(self._pending[: self._blksize])
             del self._pending[: self._blksize]
-        else:
-            payload = self._read_source()
-        self._cache[block] = payload
-        self.bytes_sent += len(payload)
-        if len(payload) < self._blksize:
-            self._last = block
-        return payload
+            return payload
+        return self._read_source()
 
-    def _read_source(self) -> bytes:
+    def _read_source(self) -> bytes | memoryview:
         want = self._blksize
         if self._size is not None:
             want = min(want, self._size - self._src_offset)
@@ -257,6 +312,7 @@ class ReadTransfer:
     def _finish(self, event: Event) -> None:
         self._state = _State.DONE
         self._timer = None
+        self.fast_ack = self.fast_data = None
         self._cache.clear()
         self._events.append(event)
 

@@ -18,11 +18,13 @@ from .fakeclient import FakeClient, pattern, reader_for
 
 
 def simulate(
-    size, blksize, windowsize, drop, dup, reorder, seed, *, retries=5, reack=False, reader=None
-):
+    size, blksize, windowsize, drop, dup, reorder, seed, *, retries=5, reack=False, reader=None,
+    machine=ReadTransfer,
+):  # fmt: skip
     """Run one transfer to its end over a network with 10 ms latency that drops,
     duplicates, and delays a ``reorder`` fraction of datagrams by up to a second
-    (so they overtake); returns (event, client, data, steps)."""
+    (so they overtake); returns (event, client, data, steps). ``machine`` builds the
+    server (ReadTransfer's signature)."""
     rng = random.Random(seed)
     data = pattern(0, size) if reader is None else None
     options = negotiate(
@@ -30,7 +32,7 @@ def simulate(
         file_size=size,
         max_blksize=1468,
     )
-    server = ReadTransfer(reader or reader_for(data), size, options, 0.0, retries=retries)
+    server = machine(reader or reader_for(data), size, options, 0.0, retries=retries)
     client = FakeClient(blksize, windowsize, timeout=1.3, reack_duplicates=reack)
     in_flight: list = []
     order = itertools.count()
