@@ -48,6 +48,10 @@ class ErrorCode(enum.IntEnum):
     OPTION_REFUSED = 8  # RFC 2347
 
 
+# The hot encoders' opcodes as plain ints: an IntEnum member lookup costs ~190 ns on 3.11.
+_DATA, _ACK, _ERROR, _OACK = int(Opcode.DATA), int(Opcode.ACK), int(Opcode.ERROR), int(Opcode.OACK)
+
+
 class MalformedPacket(ValueError):
     """The only exception :func:`parse_untrusted` raises."""
 
@@ -168,20 +172,18 @@ def encode_request(
     )
 
 
-def encode_data(block: int, payload: bytes) -> bytes:
-    return _HH.pack(Opcode.DATA, block) + payload
+def encode_data(block: int, payload: bytes | memoryview) -> bytes:
+    return _HH.pack(_DATA, block) + payload
 
 
 def encode_ack(block: int) -> bytes:
-    return _HH.pack(Opcode.ACK, block)
+    return _HH.pack(_ACK, block)
 
 
 def encode_error(code: int, message: str) -> bytes:
     # Messages may quote surrogate-escaped client names: escape, never fail.
-    return _HH.pack(Opcode.ERROR, code) + _cstring(
-        message.replace("\0", ""), "ascii", "backslashreplace"
-    )
+    return _HH.pack(_ERROR, code) + _cstring(message.replace("\0", ""), "ascii", "backslashreplace")
 
 
 def encode_oack(options: Mapping[str, str]) -> bytes:
-    return _H.pack(Opcode.OACK) + _encode_options(options)
+    return _H.pack(_OACK) + _encode_options(options)
