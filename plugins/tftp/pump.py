@@ -39,9 +39,7 @@ from typing import Any
 
 from appliance.logs import get_logger
 
-from .packets import ErrorCode, encode_error
 from .source import Source
-from .stats import Stats
 from .transfer import ReadTransfer
 
 log = get_logger("tftp")
@@ -50,7 +48,6 @@ ACK_BUFFER = 1024  # what a transfer socket reads: ACKs are 4 bytes, ERRORs shor
 _IN = select.EPOLLIN
 _IN_OUT = select.EPOLLIN | select.EPOLLOUT
 _NEVER = float("inf")
-_UNKNOWN_TID = encode_error(ErrorCode.UNKNOWN_TID, "unknown transfer ID")
 _SOL_UDP = 17
 _UDP_SEGMENT = 103  # Linux >= 4.18 (socket.UDP_SEGMENT is missing from Python 3.11)
 _GSO_SEGMENTS = 64  # the kernel's UDP_MAX_SEGMENTS
@@ -96,10 +93,9 @@ class Pump:
     called from the trio thread and only queue work and wake the loop."""
 
     def __init__(
-        self, stats: Stats, post: Post, finished: Callable[[Job], None],
-        refill: Callable[[Job], None], *, busy_poll: float = 0.0,
+        self, post: Post, finished: Callable[[Job], None], refill: Callable[[Job], None], *,
+        busy_poll: float = 0.0,
     ) -> None:  # fmt: skip
-        self._stats = stats  # the pump writes stats.unknown_tid, and no other counter
         self._post = post
         self._finished = finished
         self._refill = refill
@@ -195,17 +191,17 @@ class Pump:
         the epoll call between the ACK and the next DATA."""
         if job.backlog:
             return False  # the send buffer is full: only epoll says when it drains
-        recv, clock, end = job.sock.recvfrom, time.perf_counter, time.perf_counter() + seconds
+        recv, clock, end = job.sock.recv, time.perf_counter, time.perf_counter() + seconds
         while clock() < end:
             try:
-                data, sender = recv(ACK_BUFFER)
+                data = recv(ACK_BUFFER)
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError:
                 return False  # e.g. an ICMP error: epoll and the timer take over
             now = time.monotonic()
             try:
-                if not self._handle(job, data, sender, now):
+                if not self._handle(job, data, now):
                     self._step(job, now)
             except Exception as exc:
                 self._crash(job, exc)
@@ -234,19 +230,15 @@ class Pump:
         # One datagram per wake-up: epoll is level-triggered, so a second one queued
         # comes back with the next poll, and lock-step never pays for an empty read.
         try:
-            data, sender = job.sock.recvfrom(ACK_BUFFER)
+            data = job.sock.recv(ACK_BUFFER)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
             return False  # e.g. an ICMP error queued on the socket: the timer covers it
-        return self._handle(job, data, sender, now)
+        return self._handle(job, data, now)
 
-    def _handle(self, job: Job, data: bytes, sender: Address, now: float) -> bool:
-        """One datagram for ``job``'s socket; True when the fast path answered it."""
-        if sender != job.peer:  # another address or port: RFC 1350 ERROR 5, the transfer goes on
-            self._stats.unknown_tid += 1
-            _send_best_effort(job.sock, _UNKNOWN_TID, sender)
-            return False
+    def _handle(self, job: Job, data: bytes, now: float) -> bool:
+        """One datagram from the client; True when the fast path answered it."""
         machine = job.machine
         if (
             data == machine.fast_ack
@@ -255,12 +247,12 @@ class Pump:
             and not job.source.short_of(job.need)
         ):
             try:
-                job.sock.sendto(machine.fast_data, sender)
+                job.sock.send(machine.fast_data)
             except BlockingIOError:
                 job.backlog.append(machine.fast_data)
                 self._epoll.modify(job.fd, _IN_OUT)
             except OSError as exc:
-                log.debug("send failed", client=f"{sender[0]}:{sender[1]}", error=str(exc))
+                _send_failed(job, exc)
             machine.ack_next(now)  # the bookkeeping, and the next block read ahead
             return True
         machine.receive_datagram(data, now)
@@ -293,7 +285,7 @@ class Pump:
             heapq.heappush(self._timers, (deadline, next(self._seq), job))
 
     def _send(self, job: Job, batch: list[bytes]) -> None:
-        sock, peer = job.sock, job.peer
+        sock = job.sock
         i, count = 0, len(batch)
         while i < count:
             group = _gso_group(batch, i) if job.gso and count - i > 1 else 1
@@ -303,9 +295,9 @@ class Pump:
                     # of the first one's size (UDP GSO); only the last may be shorter.
                     segment = struct.pack("=H", len(batch[i]))
                     sock.sendmsg([b"".join(batch[i : i + group])],
-                                 [(_SOL_UDP, _UDP_SEGMENT, segment)], 0, peer)  # fmt: skip
+                                 [(_SOL_UDP, _UDP_SEGMENT, segment)])  # fmt: skip
                 else:
-                    sock.sendto(batch[i], peer)
+                    sock.send(batch[i])
             except BlockingIOError:
                 # The send buffer is full (a large window): the rest waits for EPOLLOUT.
                 job.backlog.extend(batch[i:])
@@ -315,18 +307,18 @@ class Pump:
                 if group > 1:
                     job.gso = False  # not here (no kernel support, a segment over the MTU)
                     continue  # the same datagrams, one by one
-                log.debug("send failed", client=f"{peer[0]}:{peer[1]}", error=str(exc))
+                _send_failed(job, exc)
             i += group
 
     def _flush(self, job: Job) -> None:
         backlog = job.backlog
         while backlog:
             try:
-                job.sock.sendto(backlog[0], job.peer)
+                job.sock.send(backlog[0])
             except BlockingIOError:
                 return
             except OSError as exc:
-                log.debug("send failed", client=f"{job.peer[0]}:{job.peer[1]}", error=str(exc))
+                _send_failed(job, exc)
             backlog.popleft()
         self._epoll.modify(job.fd, _IN)
 
@@ -356,8 +348,6 @@ def _gso_group(batch: list[bytes], i: int) -> int:
     return j - i
 
 
-def _send_best_effort(sock, datagram: bytes, to: Address) -> None:
-    try:
-        sock.sendto(datagram, to)
-    except OSError as exc:
-        log.debug("send failed", client=f"{to[0]}:{to[1]}", error=str(exc))
+def _send_failed(job: Job, exc: OSError) -> None:
+    # E.g. ECONNREFUSED: the client's port is gone (ICMP). The timer ends the transfer.
+    log.debug("send failed", client=f"{job.peer[0]}:{job.peer[1]}", error=str(exc))

@@ -115,7 +115,7 @@ class TftpServer:
         self._ifindexes = {_ifindex(name) for name in self.config.interfaces}
         socks = []
         token = trio.lowlevel.current_trio_token()
-        pump = Pump(self.stats, token.run_sync_soon, self._finished, self._refill,
+        pump = Pump(token.run_sync_soon, self._finished, self._refill,
                     busy_poll=self.config.busy_poll)  # fmt: skip
         try:
             for address in self.config.addresses:
@@ -199,8 +199,7 @@ class TftpServer:
         job = None
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            sock.setblocking(False)
-            sock.bind((local, 0))
+            _connect_transfer_socket(sock, local, peer)
             job = await self._prepare(sock, request, peer, local, ifindex)
         except Exception as exc:  # one transfer's bug or socket error must not stop the server
             self.stats.transfers["failed"] += 1
@@ -331,6 +330,25 @@ class TftpServer:
 
 
 # -- sockets and the thread -----------------------------------------------------
+
+
+def _connect_transfer_socket(sock: socket.socket, local: str, peer: Address) -> None:
+    """Bind ``sock`` to a new port (the transfer's TID) and connect it to the client.
+
+    Connected, the kernel delivers only the client's datagrams, and send/recv skip
+    the per-datagram route lookup and address conversion: ~1.5 µs less CPU per
+    block (bench/README.md, bench.tftp). A stranger writing to the port gets ICMP
+    port unreachable from the kernel rather than RFC 1350's ERROR 5 (tftpd-hpa
+    connects its sockets the same way).
+    """
+    sock.setblocking(False)
+    sock.bind((local, 0))
+    sock.connect(peer)
+    while True:  # whatever arrived between bind and connect came from someone else
+        try:
+            sock.recv(1)
+        except OSError:  # BlockingIOError: the queue is empty
+            return
 
 
 async def _run_thread(pump: Pump) -> None:

@@ -38,6 +38,7 @@ class Source:
         self._pos = 0  # where the next sequential read starts
         self._nowait = hasattr(os, "RWF_NOWAIT")  # cleared when the filesystem refuses it
         self._error: OSError | None = None  # the last prefetch failed: read() raises it
+        self._chunk = bytearray()  # fill_nowait's buffer, reused
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Source:
@@ -70,9 +71,15 @@ class Source:
             return False
         pos = self._pos
         length = min(max(need, CHUNK), self.size - pos)
-        buf = bytearray(length)
+        if len(self._chunk) < length:
+            self._chunk = bytearray(length)
+        # Into the same buffer every time: a fresh 1 MiB is a fresh mmap, zeroed page by
+        # page, for every 714 blocks. Safe because read() hands out views that its
+        # caller copies before the next read.
+        view = memoryview(self._chunk)[:length]
+        self._buf, self._buf_at = memoryview(b""), pos  # overwritten below, even on failure
         try:
-            n = os.preadv(self._fd, [buf], pos, os.RWF_NOWAIT)
+            n = os.preadv(self._fd, [view], pos, os.RWF_NOWAIT)
         except BlockingIOError:
             return False  # not cached: a worker thread waits for the disk
         except OSError as exc:
@@ -81,7 +88,7 @@ class Source:
             return False  # any other error: prefetch meets it and keeps it for read()
         if n < min(need, self.size - pos):
             return False  # partly cached
-        self._buf, self._buf_at = memoryview(buf)[:n], pos
+        self._buf = view[:n]
         return True
 
     async def prefetch(self, need: int) -> None:
@@ -97,7 +104,7 @@ class Source:
         self._buf, self._buf_at = memoryview(data), pos
 
     def close(self) -> None:
-        self._buf = memoryview(b"")
+        self._buf, self._chunk = memoryview(b""), bytearray()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -18,6 +18,8 @@ OUTCOMES = ("complete", "refused", "busy", "failed", "aborted", "timeout")
 
 
 class Stats(Collector):
+    """Written by the trio thread only (the pump thread hands finished transfers back)."""
+
     def __init__(self) -> None:
         self.active = 0
         self.transfers: Counter[str] = Counter({o: 0 for o in OUTCOMES})
@@ -25,17 +27,6 @@ class Stats(Collector):
         self.retransmits = 0
         self.errors_sent: Counter[int] = Counter()  # by TFTP error code
         self.malformed = 0  # datagrams dropped: not TFTP, or not valid here
-        # Datagrams from another address/port than the transfer's client, each answered
-        # with ERROR 5. Written by the pump thread only; every other counter by the trio
-        # thread only, so no update is lost. errors_sent never holds code 5: see errors().
-        self.unknown_tid = 0
-
-    def errors(self) -> Counter[int]:
-        """ERROR packets sent, by code (code 5 from ``unknown_tid``)."""
-        errors = Counter(self.errors_sent)
-        if self.unknown_tid:
-            errors[5] += self.unknown_tid
-        return errors
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -43,9 +34,8 @@ class Stats(Collector):
             "transfers": dict(self.transfers),
             "bytes_sent": self.bytes_sent,
             "retransmits": self.retransmits,
-            "errors_sent": {str(code): n for code, n in sorted(self.errors().items())},
+            "errors_sent": {str(code): n for code, n in sorted(self.errors_sent.items())},
             "malformed": self.malformed,
-            "unknown_tid": self.unknown_tid,
         }
 
     def collect(self) -> Iterator[Any]:
@@ -71,14 +61,10 @@ class Stats(Collector):
         errors = CounterMetricFamily(
             "rackboot_tftp_errors_sent", "ERROR packets sent, by TFTP error code.", labels=["code"]
         )
-        for code, n in sorted(self.errors().items()):
+        for code, n in sorted(self.errors_sent.items()):
             errors.add_metric([str(code)], n)
         yield errors
         yield CounterMetricFamily(
             "rackboot_tftp_malformed", "Datagrams dropped as malformed or unexpected.",
             value=self.malformed,
-        )  # fmt: skip
-        yield CounterMetricFamily(
-            "rackboot_tftp_unknown_tid", "Datagrams from a stranger to a transfer's port (answered with ERROR 5).",
-            value=self.unknown_tid,
         )  # fmt: skip

@@ -3,8 +3,7 @@
 Shaped like aioquic's QuicConnection: the shell feeds ``receive_datagram`` and
 ``handle_timer`` with an explicit ``now``, sends ``datagrams_to_send(now)``, arms
 ``get_timer()`` and drains ``next_event()``. The shell only feeds datagrams from
-the client's transfer ID; anything from another address or port is the shell's
-to answer with ERROR 5 (unknown TID) without touching this machine. Malformed
+the client's transfer ID (its socket is connected to the client). Malformed
 datagrams are counted and dropped.
 
 Blocks are numbered absolutely (1, 2, ... without bound) and sent modulo 2**16,
