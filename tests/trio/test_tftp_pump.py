@@ -125,8 +125,28 @@ async def test_a_window_larger_than_the_clients_buffer_arrives_intact(root):
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("busy_poll", [0.0, 0.002])
+async def test_a_lone_lock_step_transfer_over_a_lossy_link(root, busy_poll):
+    # Lock-step takes the fast path (ack_next) for every expected ACK; with busy_poll
+    # the pump spins on the lone socket instead of epoll. Drops, duplicates and
+    # reordering push it off the fast path and back, and the file arrives intact.
+    want = (root / "big.bin").read_bytes()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            server, addr = await start(nursery, root, retries=10, busy_poll=busy_poll)
+            faults = Faults(drop=0.05, dup=0.05, reorder=0.05, seed=11)
+            front = await nursery.start(LossyProxy(addr, faults).run)
+            got = await fetch(front, "big.bin", {"blksize": "1468"}, timeout=0.06, dally=0.5)
+            assert got.complete and got.data == want
+            await server.wait_idle()
+            assert server.stats.transfers["complete"] == 1 and server.stats.retransmits > 0
+            assert sum(faults.counts.values()) > 0
+            nursery.cancel_scope.cancel()
+
+
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm (tmpfs) here")
-async def test_files_the_page_cache_cannot_vouch_for_are_read_by_a_worker(tmp_path):
+@pytest.mark.parametrize("windowsize", ["1", "4"])
+async def test_files_the_page_cache_cannot_vouch_for_are_read_by_a_worker(tmp_path, windowsize):
     # tmpfs refuses RWF_NOWAIT, so every chunk takes the trio-side prefetch path.
     import tempfile
 
@@ -136,7 +156,7 @@ async def test_files_the_page_cache_cannot_vouch_for_are_read_by_a_worker(tmp_pa
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 server, addr = await start(nursery, root)
-                got = await fetch(addr, "large.bin", {"blksize": "1468", "windowsize": "4"})
+                got = await fetch(addr, "large.bin", {"blksize": "1468", "windowsize": windowsize})
                 assert got.complete and got.data == (root / "large.bin").read_bytes()
                 nursery.cancel_scope.cancel()
 
