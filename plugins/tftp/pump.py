@@ -5,7 +5,9 @@ the run loop, rescheduling, a cancel scope), about 60 µs of CPU per block,
 against 20-25 µs for a plain blocking loop (bench/README.md, bench.tftp). Here
 one loop waits on every transfer socket at once, reads the one ACK each ready
 socket holds, feeds it to that transfer's sans-IO machine and sends what the
-machine answers: under load one wake-up serves many transfers.
+machine answers: under load one wake-up serves many transfers. The ACK a
+lock-step machine expects (``fast_ack``) is answered with the DATA it prepared
+beforehand (``fast_data``), then ``ack_next`` (transfer.py: the fast path).
 
 The trio side (``server.py``) admits a request, opens the file, negotiates and
 builds the :class:`~plugins.tftp.transfer.ReadTransfer`, then hands a
