@@ -64,7 +64,8 @@ class Job:
 
     __slots__ = (
         "sock", "fd", "peer", "machine", "source", "need", "info", "started", "ended",
-        "armed", "last_batch", "gso", "backlog", "waiting", "refilled", "crash", "closed",
+        "armed", "last_batch", "gso", "backlog", "parked", "waiting", "refilled", "crash",
+        "closed",
     )  # fmt: skip
 
     def __init__(
@@ -83,6 +84,7 @@ class Job:
         self.armed = _NEVER  # the deadline this job has in the heap
         self.last_batch: list[bytes] = []  # holds our ERROR when we ended the transfer with one
         self.backlog: deque[bytes] = deque()  # datagrams waiting for room in the send buffer
+        self.parked = 0  # times the send buffer was full (the server adds them to its stats)
         self.waiting = False  # a refill is out (trio reads the file); the machine is not pulled
         self.refilled = False  # the refill is back: pull once whatever the buffer holds
         self.crash: BaseException | None = None
@@ -251,8 +253,7 @@ class Pump:
             try:
                 job.sock.send(machine.fast_data)
             except BlockingIOError:
-                job.backlog.append(machine.fast_data)
-                self._epoll.modify(job.fd, _IN_OUT)
+                self._park(job, [machine.fast_data])
             except OSError as exc:
                 _send_failed(job, exc)
             machine.ack_next(now)  # the bookkeeping, and the next block read ahead
@@ -301,9 +302,7 @@ class Pump:
                 else:
                     sock.send(batch[i])
             except BlockingIOError:
-                # The send buffer is full (a large window): the rest waits for EPOLLOUT.
-                job.backlog.extend(batch[i:])
-                self._epoll.modify(job.fd, _IN_OUT)
+                self._park(job, batch[i:])  # the send buffer is full (a large window)
                 return
             except OSError as exc:
                 if group > 1:
@@ -311,6 +310,12 @@ class Pump:
                     continue  # the same datagrams, one by one
                 _send_failed(job, exc)
             i += group
+
+    def _park(self, job: Job, datagrams: list[bytes]) -> None:
+        """Keep ``datagrams`` until the socket is writable (EPOLLOUT), in order."""
+        job.backlog.extend(datagrams)
+        job.parked += 1
+        self._epoll.modify(job.fd, _IN_OUT)
 
     def _flush(self, job: Job) -> None:
         backlog = job.backlog

@@ -303,6 +303,7 @@ class TftpServer:
         self.stats.bytes_sent += machine.bytes_sent
         self.stats.retransmits += machine.retransmits
         self.stats.malformed += machine.malformed
+        self.stats.send_buffer_full += job.parked
         job.sock.close()
         job.source.close()
         self._release(job.peer, job.info[1])

@@ -27,6 +27,7 @@ class Stats(Collector):
         self.retransmits = 0
         self.errors_sent: Counter[int] = Counter()  # by TFTP error code
         self.malformed = 0  # datagrams dropped: not TFTP, or not valid here
+        self.send_buffer_full = 0  # times a window waited for room in its socket's buffer
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -36,6 +37,7 @@ class Stats(Collector):
             "retransmits": self.retransmits,
             "errors_sent": {str(code): n for code, n in sorted(self.errors_sent.items())},
             "malformed": self.malformed,
+            "send_buffer_full": self.send_buffer_full,
         }
 
     def collect(self) -> Iterator[Any]:
@@ -67,4 +69,8 @@ class Stats(Collector):
         yield CounterMetricFamily(
             "rackboot_tftp_malformed", "Datagrams dropped as malformed or unexpected.",
             value=self.malformed,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "rackboot_tftp_send_buffer_full", "Times a transfer's socket send buffer was full and the rest of its window waited for room.",
+            value=self.send_buffer_full,
         )  # fmt: skip

@@ -126,7 +126,7 @@ class ReadTransfer:
         self._acked = 0  # every block <= acked is acknowledged (0: the OACK, or nothing yet)
         self._sent = 0  # highest block sent so far
         self._last: int | None = None  # the final (short) block, once read
-        self._cache: dict[int, bytes] = {}  # DATA datagrams sent and not yet acknowledged
+        self._cache: dict[int, bytes] = {}  # DATA not yet acknowledged (+ lock-step read-ahead)
         self._src_offset = 0
         self._src_eof = False
         self._pending = bytearray()  # netascii output not yet cut into blocks

@@ -183,6 +183,40 @@ def test_atftp_windowsize_16(served: Served):
     assert "windowsize=16" in wait_logged(served.log, before)
 
 
+def tftp_status(served: Served) -> dict:
+    sock = served.work / "data" / "control.sock"
+    res = served.srv.run(
+        [sys.executable, "-m", "appliance", "status", "--json", "--socket", str(sock)]
+    )
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["tftp"]
+
+
+def test_a_window_past_the_send_buffer_waits_for_room(served: Served):
+    """A token bucket on the server's link holds its datagrams in the queue, where they
+    still count against the socket's send buffer (~208 KiB by default): a window of
+    64 x 8192 bytes cannot fit, the rest of it waits for EPOLLOUT, and the file
+    still arrives intact."""
+    dev = served.srv.ifname
+    qdisc = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", "200mbit",
+             "burst", "64kb", "latency", "1s"]  # fmt: skip
+    added = served.srv.run(qdisc, capture_output=True, text=True, timeout=10)
+    if added.returncode != 0:
+        pytest.skip(f"no tbf qdisc in this kernel: {added.stderr.strip()}")
+    before = tftp_status(served)["send_buffer_full"]
+    try:
+        dest = served.work / "parked.out"
+        options = {"blksize": "8192", "windowsize": "64", "tsize": "0"}
+        res = served.cli.run(client_argv("atftp", served.srv, "big.bin", dest, options),
+                             timeout=CLIENT_TIMEOUT)  # fmt: skip
+    finally:
+        served.srv.run(["tc", "qdisc", "del", "dev", dev, "root"], check=True, timeout=10)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(r"received OACK <[^>]*windowsize: 64", res.stdout + res.stderr)
+    assert dest.read_bytes() == (served.root / "big.bin").read_bytes()
+    assert tftp_status(served)["send_buffer_full"] > before
+
+
 def test_block_numbers_wrap_past_65535(served: Served):
     wrap = served.root / "wrap.bin"
     wrap.write_bytes(os.urandom(512 * 65_600))  # 65,601 blocks of 512
