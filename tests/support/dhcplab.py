@@ -144,8 +144,11 @@ class DhcpNode:
             status = control.call(self.socket, "status", timeout=2.0)
         except RackbootError:
             return False
-        dhcp = status.get("dhcp", {})
-        return bool(dhcp.get("serving")) and status["core"]["role"] == "active"
+        return bool(status.get("dhcp", {}).get("serving")) and self._ready(status)
+
+    def _ready(self, status: dict[str, Any]) -> bool:
+        """Beyond DHCP serving: what :meth:`start` waits for (a lone node is active)."""
+        return status["core"]["role"] == "active"
 
     def call(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
         return control.call(self.socket, cmd, args, timeout=5.0)
