@@ -2,9 +2,18 @@
 
 Rules, in the order they are applied to a request from node ``sender``:
 
+0. **Fresh requests only.** Request ids rise per sender, across the sender's
+   restarts too (its boot count is their high half), so a prepare or release
+   whose id is not above the last one seen from that sender, and a propose
+   that is not for exactly the round this acceptor last promised that sender,
+   or that it already accepted, is a duplicate or a replay: counted, not
+   answered. A replayed frame can then at most be taken once per restart of
+   this acceptor (which votes for nobody for a lease period first).
 1. **Restart wait.** For one lease period after it starts, an acceptor votes
    for nobody: a grant its previous life made may still be running, and it
-   remembers none (only the epoch is kept on disk).
+   remembers none (only the epoch is kept on disk). The period is the longest
+   lease it may have granted in any earlier life (kept on disk too), so
+   lowering ``lease`` and restarting never shortens the wait.
 2. **Live lease.** While a lease it granted is running, it refuses every
    other owner (``busy``, with how long is left), so the owner alone can
    renew it and nobody else duels with it.
@@ -29,6 +38,8 @@ from dataclasses import dataclass
 
 from appliance.ha.messages import Accepted, Message, Prepare, Promise, Propose, Release
 
+MAX_SENDERS = 64  # request ids remembered (a rack's appliances, a witness's racks' ones)
+
 
 @dataclass
 class Grant:
@@ -46,13 +57,16 @@ class Acceptor:
         max_lease: float,
         known_epoch: int | None,
         acceptors: int | None = None,
+        restart_wait: float = 0.0,
     ) -> None:
         """``known_epoch``: from disk, or None for a diskless acceptor (it starts amnesic).
-        ``acceptors``: how many acceptors this one expects proposers to count (None: any)."""
+        ``acceptors``: how many acceptors this one expects proposers to count (None: any).
+        ``restart_wait``: the longest lease an earlier life may have granted (from disk)."""
         self.group = group
         self.max_lease = max_lease
         self.acceptors = acceptors
-        self.ready_at = now + max_lease
+        self.restart_wait = max(max_lease, restart_wait)
+        self.ready_at = now + self.restart_wait
         self.diskless = known_epoch is None
         self.known_epoch = known_epoch or 0
         self.amnesic = known_epoch is None
@@ -60,6 +74,9 @@ class Acceptor:
         self.grant: Grant | None = None
         self.persist: int | None = None  # an epoch to make durable before sending the answer
         self.refusals: dict[str, int] = {}
+        self.ignored: dict[str, int] = {}  # duplicates and replays, never answered
+        self._last_req: dict[str, int] = {}  # sender -> its newest request id
+        self._accepted: tuple[str, int] | None = None  # (sender, req) of the last acceptance
 
     def live_grant(self, now: float) -> Grant | None:
         if self.grant is not None and now >= self.grant.expires:
@@ -68,6 +85,9 @@ class Acceptor:
 
     def handle(self, sender: str, message: Message, now: float) -> Message | None:
         """One request in, at most one answer out (to ``sender``)."""
+        if not self._fresh(sender, message):
+            self.ignored[message.TYPE] = self.ignored.get(message.TYPE, 0) + 1
+            return None
         if isinstance(message, Prepare):
             return self._prepare(sender, message, now)
         if isinstance(message, Propose):
@@ -77,6 +97,18 @@ class Acceptor:
             if grant is not None and grant.owner == sender and grant.epoch == message.epoch:
                 self.grant = None
         return None
+
+    def _fresh(self, sender: str, message: Message) -> bool:
+        last = self._last_req.get(sender, -1)
+        if isinstance(message, Propose):
+            # the phase 2 of the round last prepared by this sender, accepted at most once
+            return message.req == last and self._accepted != (sender, message.req)
+        if message.req <= last:
+            return False
+        if sender not in self._last_req and len(self._last_req) >= MAX_SENDERS:
+            self._last_req.pop(next(iter(self._last_req)))  # the oldest sender seen
+        self._last_req[sender] = message.req
+        return True
 
     def _refusal(self, sender: str, acceptors: int, now: float) -> tuple[str, Grant | None]:
         grant = self.live_grant(now)
@@ -111,14 +143,14 @@ class Acceptor:
     def _propose(self, sender: str, m: Propose, now: float) -> Accepted:
         why, grant = self._refusal(sender, m.acceptors, now)
         ballot = (m.ballot, sender)
-        if not why and ballot < self.promised:
-            why = self._count("outbid")
+        if not why and ballot != self.promised:
+            why = self._count("outbid")  # Paxos: accept only the ballot promised last
         if not why and m.epoch < self.known_epoch:
             why = self._count("stale-epoch")
         if not why and m.lease > self.max_lease:
             why = self._count("lease-too-long")
         if not why:
-            self.promised = ballot
+            self._accepted = (sender, m.req)
             self.grant = grant = Grant(sender, m.epoch, now + m.lease)
             self.amnesic = False
             if m.epoch > self.known_epoch:
@@ -141,9 +173,11 @@ class Acceptor:
         grant = self.live_grant(now)
         return {
             "ready": now >= self.ready_at,
+            "restart_wait": self.restart_wait,
             "known_epoch": self.known_epoch,
             "amnesic": self.amnesic,
             "granted_to": grant.owner if grant else "",
             "grant_left": round(grant.expires - now, 3) if grant else 0.0,
             "refusals": dict(self.refusals),
+            "ignored": dict(self.ignored),
         }

@@ -44,15 +44,19 @@ class Election:
         rng: random.Random,
         split_brain_opt_in: bool = False,
         maintenance: bool = False,
+        restart_wait: float = 0.0,
     ) -> None:
-        """``peers``/``witnesses``: addresses of the other acceptors; ``known_epoch``: from disk."""
+        """``peers``/``witnesses``: addresses of the other acceptors; ``known_epoch``: from
+        disk; ``incarnation``: rises with every start (request ids must rise across restarts);
+        ``restart_wait``: the longest lease an earlier life may have granted (from disk)."""
         self.me = me
         self.peers = list(peers)
         self.remote = [*peers, *witnesses]
         n = 1 + len(self.remote)
         self.acceptor = Acceptor(
-            group, now, max_lease=timing.lease, known_epoch=known_epoch, acceptors=n
-        )
+            group, now, max_lease=timing.lease, known_epoch=known_epoch, acceptors=n,
+            restart_wait=restart_wait,
+        )  # fmt: skip
         self.proposer = Proposer(
             me, group, timing, acceptors=n, quorum=quorum(n, split_brain_opt_in),
             epoch_quorum=epoch_quorum(n, split_brain_opt_in), now=now,

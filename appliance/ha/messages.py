@@ -101,18 +101,21 @@ class Release:
 
 @dataclass(frozen=True)
 class Handover:
-    """An operator asked the sender to become active: the holder releases and holds back."""
+    """An operator asked the sender to become active: the holder of ``epoch`` releases and
+    holds back. Naming the epoch makes a replay stale once the lease changed hands."""
 
     TYPE: ClassVar[str] = "handover"
     group: str
     req: int
+    epoch: int
 
 
 Message = Prepare | Promise | Propose | Accepted | Release | Handover
 TYPES: dict[str, type] = {
     cls.TYPE: cls for cls in (Prepare, Promise, Propose, Accepted, Release, Handover)
 }
-_PYTHON_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool}
+_PYTHON_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+MAX_SECONDS = 3600.0  # durations on the wire: a lease, what is left of one
 _FIELDS = {
     cls: [(f.name, _PYTHON_TYPES[str(f.type)]) for f in dataclasses.fields(cls)]
     for cls in TYPES.values()
@@ -151,14 +154,21 @@ def decode_untrusted(data: bytes) -> Message:
         raise BadMessage(f"unknown message type {str(raw.get('t'))[:MAX_TEXT]!r}")
     values = {}
     for name, kind in _FIELDS[cls]:
-        value = raw.get(name)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise BadMessage(f"{cls.TYPE}: field {name!r} missing or of the wrong type")
-        if isinstance(value, str) and len(value) > MAX_TEXT:
-            raise BadMessage(f"{cls.TYPE}: field {name!r} longer than {MAX_TEXT}")
-        if isinstance(value, float) and not (0.0 <= value <= 3600.0):
-            raise BadMessage(f"{cls.TYPE}: field {name!r} out of range")
-        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 2**63:
-            raise BadMessage(f"{cls.TYPE}: field {name!r} out of range")
-        values[name] = float(value) if kind == (int, float) else value
+        values[name] = _field(cls.TYPE, name, kind, raw.get(name))
     return cls(**values)
+
+
+def _field(message: str, name: str, kind: type, value: Any) -> Any:
+    """One declared field, type- and range-checked; bool is never an int, and an int in a
+    float field is converted and range-checked like a float."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise BadMessage(f"{message}: field {name!r} missing or of the wrong type")
+    if kind is str and len(value) > MAX_TEXT:
+        raise BadMessage(f"{message}: field {name!r} longer than {MAX_TEXT}")
+    if kind is float and not (0.0 <= value <= MAX_SECONDS):  # NaN fails too
+        raise BadMessage(f"{message}: field {name!r} out of range")
+    if kind is int and not 0 <= value < 2**63:
+        raise BadMessage(f"{message}: field {name!r} out of range")
+    return value

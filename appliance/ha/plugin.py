@@ -23,9 +23,11 @@ def services(node: Any) -> list[Service]:
 
 
 def render_status(status: dict[str, Any]) -> str:
+    valid_for = status.get("valid_for")
+    validity = "without end" if valid_for is None else f"for {valid_for:.3f}s"
     lines = [
         f"mode {status.get('mode')}  role {status.get('role')}  epoch {status.get('epoch')}  "
-        f"valid for {status.get('valid_for', 0):.3f}s",
+        f"valid {validity}",
     ]
     election = status.get("election") or {}
     if election:

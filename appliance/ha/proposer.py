@@ -96,6 +96,9 @@ class Round:
     promises: dict[str, Promise] | None = None
     accepts: dict[str, Accepted] | None = None
     refused: dict[str, Promise | Accepted] | None = None
+    free_at: dict[str, float] | None = None  # refusers that named when they will be free
+    doomed: bool = False  # refusals left no majority: waiting for the rest of the answers
+    forced: bool = False  # an operator's promote --force applies to this round only
 
 
 class Proposer(LeaseTimes):
@@ -127,7 +130,9 @@ class Proposer(LeaseTimes):
         self.round: Round | None = None
         self.next_round = now
         self.holdoff_until = 0.0
-        self.force_epoch = False
+        self.force_epoch = False  # the next round may pick an epoch without a remembering majority
+        self.handover_wanted = False  # promoted: ask the holder we learn of to hand over
+        self._handovers_seen: dict[str, int] = {}  # sender -> newest handover request id
         self.woken = False
         self.ballot = 0
         self._req = (incarnation & 0x7FFFFFFF) << 32
@@ -152,14 +157,25 @@ class Proposer(LeaseTimes):
     # -- operator ---------------------------------------------------------------
 
     def promote(self, now: float, *, force: bool = False) -> None:
-        """Become active if allowed: ask the holder to hand over, and try now."""
+        """Become active if allowed: ask the holder to hand over, and try now. ``force``
+        applies to one round: the one in its first phase now, or else the next."""
         self.holdoff_until = 0.0
         self.force_epoch = force
         if not self.holding(now):
-            self.outbox.append((ALL, Handover(self.group, self._next_req())))
+            self.handover_wanted = True
+            self._ask_handover()
             self.next_round = now
             if self.round is not None and self.round.phase == 1:
+                self.round.forced = force
+                self.force_epoch = False
                 self._maybe_propose(now)  # the promises in hand may do, forced
+
+    def _ask_handover(self) -> None:
+        """A hand-over names the holder's epoch: once the lease moved on, a replay is stale."""
+        owner, epoch = self.holder_seen
+        if self.handover_wanted and owner and owner != self.me and epoch > 0:
+            self.handover_wanted = False
+            self.outbox.append((ALL, Handover(self.group, self._next_req(), epoch)))
 
     def demote(self, now: float) -> None:
         """Step down (if holding) and leave the lease to the others for a while."""
@@ -192,7 +208,9 @@ class Proposer(LeaseTimes):
             self._lose(now, "expired")
         if self.round is not None and now >= self.round.start + self.timing.round_timeout:
             # a holder retries at once (below); a candidate nobody answers is in no hurry
-            self._fail(now, self._timeout_reason(self.round), retry=self.timing.renew)
+            rnd = self.round
+            retry = self._retry_after(rnd, now) if rnd.doomed else self.timing.renew
+            self._fail(now, self._timeout_reason(rnd), retry=retry)
         if (
             self.round is None
             and self._may_run()
@@ -204,7 +222,11 @@ class Proposer(LeaseTimes):
         renewal = self.holding(now)
         self.woken = False
         self.ballot += 1
-        self.round = Round(self._next_req(), self.ballot, now, renewal, promises={}, refused={})
+        self.round = Round(
+            self._next_req(), self.ballot, now, renewal, promises={}, refused={}, free_at={},
+            forced=self.force_epoch,
+        )  # fmt: skip
+        self.force_epoch = False
         self.outbox.append((ALL, Prepare(self.group, self.round.req, self.ballot, self.acceptors)))
 
     def _next_req(self) -> int:
@@ -215,9 +237,7 @@ class Proposer(LeaseTimes):
 
     def receive(self, sender: str, message: Message, now: float) -> None:
         if isinstance(message, Handover):
-            if self.holding(now):
-                self.holdoff_until = now + HOLDOFF_LEASES * self.timing.lease
-                self._release(now, "handover")
+            self._handover(sender, message, now)
             return
         rnd = self.round
         if rnd is None or getattr(message, "req", None) != rnd.req:
@@ -228,10 +248,22 @@ class Proposer(LeaseTimes):
         elif isinstance(message, Promise) and rnd.phase == 1:
             rnd.promises[sender] = message
             self._maybe_propose(now)
+            self._end_if_doomed(now)
         elif isinstance(message, Accepted) and rnd.phase == 2:
             rnd.accepts[sender] = message
             if len(rnd.accepts) >= self.quorum:
                 self._granted(now)
+            else:
+                self._end_if_doomed(now)
+
+    def _handover(self, sender: str, message: Handover, now: float) -> None:
+        """Release for a fresh request naming our rack and the epoch we hold, nothing else."""
+        if message.req <= self._handovers_seen.get(sender, -1) or message.group != self.group:
+            return
+        self._handovers_seen[sender] = message.req
+        if self.holding(now) and message.epoch == self.epoch:
+            self.holdoff_until = now + HOLDOFF_LEASES * self.timing.lease
+            self._release(now, "handover")
 
     def _refused(self, sender: str, message: Promise | Accepted, now: float) -> None:
         rnd = self.round
@@ -239,11 +271,25 @@ class Proposer(LeaseTimes):
         if isinstance(message, Promise) != (rnd.phase == 1):
             return  # a refusal of the other phase: that phase is over
         rnd.refused[sender] = message
+        if message.why in ("busy", "restarting"):
+            rnd.free_at[sender] = now + message.left
         if message.why == "busy":
             self.holder_seen = (message.owner, getattr(message, "owner_epoch", 0))
+            self._ask_handover()
         self.ballot = max(self.ballot, message.promised_n)
         if self.acceptors - len(rnd.refused) < self.quorum:
-            self._fail(now, self._reason(rnd), retry=self._retry_after(rnd))
+            rnd.doomed = True
+        self._end_if_doomed(now)
+
+    def _end_if_doomed(self, now: float) -> None:
+        """A round with no majority left ends once every acceptor answered (or at its
+        timeout), so the retry is timed by all the grants, not by the first refusals."""
+        rnd = self.round
+        if rnd is None or not rnd.doomed:
+            return
+        answered = len(rnd.promises if rnd.phase == 1 else rnd.accepts) + len(rnd.refused)
+        if answered >= self.acceptors or self.holding(now):
+            self._fail(now, self._reason(rnd), retry=self._retry_after(rnd, now))
 
     def _maybe_propose(self, now: float) -> None:
         rnd = self.round
@@ -254,13 +300,13 @@ class Proposer(LeaseTimes):
             epoch = self.epoch
         else:
             remembering = [p for p in rnd.promises.values() if not p.amnesic]
-            if len(remembering) < self.epoch_quorum and not self.force_epoch:
+            if len(remembering) < self.epoch_quorum and not rnd.forced:
                 if len(rnd.promises) + len(rnd.refused) >= self.acceptors:
                     self._fail(now, "amnesic", retry=self.timing.renew)
                 return  # wait: a remembering acceptor may still answer
             epoch = max(self.known_epoch, *(p.known_epoch for p in rnd.promises.values())) + 1
         rnd.phase, rnd.epoch, rnd.accepts = 2, epoch, {}
-        rnd.refused = {}
+        rnd.refused, rnd.free_at = {}, {}
         self.outbox.append(
             (
                 ALL,
@@ -285,7 +331,7 @@ class Proposer(LeaseTimes):
             return
         self.valid_until, self.epoch = valid_until, rnd.epoch
         self.known_epoch = max(self.known_epoch, rnd.epoch)
-        self.force_epoch = False
+        self.handover_wanted = False
         self.last_refusal = ""
         self.holder_seen = (self.me, rnd.epoch)
         self.events.append(
@@ -298,17 +344,16 @@ class Proposer(LeaseTimes):
         return ",".join(sorted({m.why for m in rnd.refused.values()})) or "no majority"
 
     def _timeout_reason(self, rnd: Round) -> str:
+        if rnd.doomed:
+            return self._reason(rnd)
         if rnd.phase == 1 and len(rnd.promises) >= self.quorum:
             return "amnesic"  # a majority answered, but not a majority that remembers epochs
         return f"timeout in phase {rnd.phase}" + (f" ({self._reason(rnd)})" if rnd.refused else "")
 
-    def _retry_after(self, rnd: Round) -> float:
+    def _retry_after(self, rnd: Round, now: float) -> float:
         """Seconds until a majority's grants (or restart waits) will have run out."""
         answered = rnd.promises if rnd.phase == 1 else rnd.accepts
-        free_in = sorted(
-            [0.0] * len(answered)
-            + [m.left for m in rnd.refused.values() if m.why in ("busy", "restarting")]
-        )
+        free_in = sorted([0.0] * len(answered) + [max(0.0, t - now) for t in rnd.free_at.values()])
         if len(free_in) >= self.quorum and free_in[self.quorum - 1] > 0:
             return free_in[self.quorum - 1] + self.rng.uniform(0, RETRY_JITTER)
         return self.rng.uniform(0, self.timing.renew / 2)

@@ -19,9 +19,13 @@ service stops it releases the lease so the standby takes over at once.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import random
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +45,51 @@ from appliance.logs import get_logger
 
 log = get_logger("ha")
 
+STATE_FILE = "state.json"
 
-def read_epoch(path: Path) -> int:
+
+@dataclass
+class Durable:
+    """What the election keeps on disk (``<data_dir>/ha/state.json``), written atomically
+    and fsynced before anything that relies on it is sent:
+
+    * ``epoch``: the highest epoch this node's acceptor accepted;
+    * ``longest_lease``: the longest lease it may have granted in any life, so the restart
+      wait after lowering ``[ha] lease`` still covers grants made with the old one;
+    * ``boots``: how many times the election started: the high half of request ids, which
+      must rise across restarts so acceptors can tell a replay from a new request.
+    """
+
+    epoch: int = 0
+    longest_lease: float = 0.0
+    boots: int = 0
+
+
+def read_durable(directory: Path) -> Durable:
+    path = directory / STATE_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return Durable(epoch=_read_legacy_epoch(directory / "epoch"))
+    except OSError as exc:
+        raise RackbootError(
+            f"cannot read the election's state from {path}: {exc.strerror}"
+        ) from None
+    except ValueError:
+        raise RackbootError(f"{path} is not the election's state (not JSON)") from None
+    fields = {"epoch": int, "longest_lease": (int, float), "boots": int}
+    if not isinstance(raw, dict) or any(
+        not isinstance(raw.get(k), t) or isinstance(raw.get(k), bool) or raw[k] < 0
+        for k, t in fields.items()
+    ):
+        raise RackbootError(
+            f"{path} holds {str(raw)[:80]!r}: expected epoch, longest_lease and boots >= 0"
+        )
+    return Durable(int(raw["epoch"]), float(raw["longest_lease"]), int(raw["boots"]))
+
+
+def _read_legacy_epoch(path: Path) -> int:
+    """Before ``state.json`` only the epoch was kept, as text in ``ha/epoch``."""
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
@@ -56,9 +103,10 @@ def read_epoch(path: Path) -> int:
     return int(text)
 
 
-def write_epoch(path: Path, epoch: int) -> None:
+def write_durable(directory: Path, state: Durable) -> None:
     """Atomically and durably: an acceptor answers only once this returned."""
-    write_atomically(path, f"{epoch}\n".encode(), 0o600)
+    data = json.dumps(dataclasses.asdict(state), sort_keys=True).encode() + b"\n"
+    write_atomically(directory / STATE_FILE, data, 0o600)
 
 
 class HaService:
@@ -72,7 +120,9 @@ class HaService:
         self.runner: ElectionRunner | None = None
         self.transport: UdpTransport | None = None
         self.etcd: Any = None
-        self.epoch_path = Path(node.data_dir) / "ha" / "epoch"
+        self.state_dir = Path(node.data_dir) / "ha"
+        self.durable = Durable()
+        self._writing = trio.Lock()  # one writer of state.json at a time
         self.vip: VipKeeper | None = None
         if settings.vip:
             node.fence.vip = settings.vip.split("/")[0]
@@ -113,13 +163,20 @@ class HaService:
     async def _start_embedded(self, nursery: trio.Nursery) -> None:
         identity = self.node.cluster.identity
         settings = self.settings
+        durable = await trio.to_thread.run_sync(read_durable, self.state_dir)
+        # Before voting: the restart wait covers the longest lease of any earlier life, and
+        # this life's request ids start above every earlier one.
+        restart_wait = durable.longest_lease
+        durable.longest_lease = max(durable.longest_lease, self.timing.lease)
+        durable.boots += 1
+        await self._write(durable)
         now = trio.current_time()
         self.election = Election(
             identity.node_id, self.node.config.node.rack, self.timing,
             peers=list(settings.peers), witnesses=list(settings.witnesses), now=now,
-            known_epoch=await trio.to_thread.run_sync(read_epoch, self.epoch_path),
-            incarnation=random.getrandbits(31), rng=random.Random(),
+            known_epoch=durable.epoch, incarnation=durable.boots, rng=random.Random(),
             split_brain_opt_in=settings[SPLIT_BRAIN_OPT_IN], maintenance=settings.maintenance,
+            restart_wait=restart_wait,
         )  # fmt: skip
         self.transport = UdpTransport(identity, str(settings.listen), settings.port)
         await self.transport.bind([*settings.peers, *settings.witnesses])
@@ -132,8 +189,23 @@ class HaService:
             port=self.transport.port, acceptors=self.election.proposer.acceptors,
             quorum=self.election.proposer.quorum, lease=self.timing.lease,
             renew=self.timing.renew, margin=self.timing.margin,
+            restart_wait=round(self.election.acceptor.ready_at - now, 3),
         )  # fmt: skip
         nursery.start_soon(self._serve_embedded)
+        if durable.longest_lease > self.timing.lease:
+            nursery.start_soon(self._forget_longer_lease, self.election.acceptor.ready_at)
+
+    async def _forget_longer_lease(self, ready_at: float) -> None:
+        """Once the restart wait is over, every grant of an earlier, longer lease has run
+        out: from then on only this life's lease needs covering."""
+        await trio.sleep_until(ready_at)
+        self.durable.longest_lease = self.timing.lease
+        await self._write(self.durable)
+
+    async def _write(self, state: Durable) -> None:
+        async with self._writing:
+            self.durable = state
+            await trio.to_thread.run_sync(write_durable, self.state_dir, state)
 
     async def _serve_embedded(self) -> None:
         try:
@@ -150,7 +222,7 @@ class HaService:
             self.transport.close()
 
     async def _persist(self, epoch: int) -> None:
-        await trio.to_thread.run_sync(write_epoch, self.epoch_path, epoch)
+        await self._write(dataclasses.replace(self.durable, epoch=epoch))
 
     async def _signals(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGUSR1, signal.SIGUSR2) as signals:
@@ -244,7 +316,7 @@ class HaService:
         out: dict[str, Any] = {
             "mode": "standalone" if not self.elects else self.backend,
             "role": str(self.node.role),
-            "valid_for": round(fence.valid_until - now, 3) if fence.valid_until > now else 0.0,
+            "valid_for": _seconds_left(fence.valid_until, now),
             "epoch": fence.epoch if fence.valid_until > now else None,
             "fence_refusals": fence.refused,
             "transitions": dict(self.transitions),
@@ -264,3 +336,11 @@ class HaService:
                 "held": self.vip.held, "announced": self.vip.announced, "errors": self.vip.errors,
             }  # fmt: skip
         return out
+
+
+def _seconds_left(until: float, now: float) -> float | None:
+    """Seconds of validity left; None for an endless lease (a standalone node), which JSON
+    cannot carry as a number."""
+    if until == math.inf:
+        return None
+    return round(until - now, 3) if until > now else 0.0

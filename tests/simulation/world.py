@@ -143,7 +143,7 @@ class Process:
                 election = Election(
                     self.name, "rack", world.timing, peers=world.peers_of(self.name),
                     witnesses=world.witnesses, now=now, known_epoch=self.disk_epoch,
-                    incarnation=world.rng.getrandbits(31), rng=random.Random(world.rng.random()),
+                    incarnation=self.incarnation, rng=random.Random(world.rng.random()),
                 )  # fmt: skip
                 self.runner = ElectionRunner(
                     election, send, clock=self.clock, on_event=self._event,

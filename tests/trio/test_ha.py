@@ -40,7 +40,11 @@ async def node_running(data_dir: Path, name: str, ha: dict):
 
 @asynccontextmanager
 async def rack(tmp_path: Path, **ha):
-    dirs = enrol_members(tmp_path, ["a", "b", "w"])
+    names = ["a", "b", "w"]
+    if (tmp_path / "a" / "cluster").exists():  # a restart of the same rack
+        dirs = {name: tmp_path / name for name in names}
+    else:
+        dirs = enrol_members(tmp_path, names)
     pa, pb, pw = free_udp_ports(3)
     addr = {"a": f"127.0.0.1:{pa}", "b": f"127.0.0.1:{pb}", "w": f"127.0.0.1:{pw}"}
     witness = Witness(load_identity(str(dirs["w"])), "127.0.0.1", pw, 1.0)
@@ -134,3 +138,37 @@ async def test_peers_without_a_cluster_identity_refuse_to_start(tmp_path):
     )  # fmt: skip
     with pytest.raises(RackbootError, match="no cluster identity"):
         await Node(config, pm).run(handle_signals=False)
+
+
+async def test_status_of_a_standalone_node_is_valid_json_and_reads_without_end(tmp_path):
+    """An endless lease used to print ``valid_for: Infinity`` (not JSON) and ``valid for infs``."""
+    import json
+
+    from appliance.ha.plugin import render_status
+
+    async with node_running(tmp_path / "s", "s", {}) as node:
+        await wait_until(lambda: node.role is Role.ACTIVE, what="standalone active")
+        status = node.status()
+        json.dumps(status, allow_nan=False)  # raises on Infinity or NaN
+        assert status["core"]["ha"]["valid_for"] is None
+        assert "valid without end" in render_status(node.ha.status())
+
+
+async def test_the_election_state_survives_restarts_and_request_ids_rise(tmp_path):
+    """Epoch, the longest lease granted and the boot count are kept in ha/state.json."""
+    from appliance.ha.service import read_durable
+
+    async with rack(tmp_path, lease=2.0, renew=0.5, margin=0.3) as (nodes, _):
+        await wait_until(lambda: len(actives(nodes)) == 1, timeout=10, what="one active")
+        first = {n: node.ha.election.proposer._req for n, node in nodes.items()}
+    state = read_durable(tmp_path / "a" / "ha")
+    assert state.boots == 1 and state.longest_lease == 2.0 and state.epoch >= 1
+    # lowered lease: the restart wait still covers the 2 s grants of the previous life
+    async with rack(tmp_path, lease=1.0) as (nodes, _):
+        assert nodes["a"].ha.election.acceptor.restart_wait == 2.0
+        assert nodes["a"].ha.election.proposer._req > first["a"]
+        assert read_durable(tmp_path / "a" / "ha").boots == 2
+        await wait_until(
+            lambda: read_durable(tmp_path / "a" / "ha").longest_lease == 1.0,
+            timeout=5, what="the longer lease forgotten after the restart wait",
+        )  # fmt: skip

@@ -38,7 +38,7 @@ def test_a_live_lease_refuses_every_other_owner_until_it_runs_out():
     # the owner renews at any time; the others get their turn once it runs out
     assert grant(acceptor, A, t + 0.25, ballot=2, req=2).left == 1.0
     assert acceptor.handle(B, Prepare("rack1", 6, 99, 3), t + 1.249).why == "busy"
-    assert grant(acceptor, B, t + 1.25, ballot=99, epoch=2, req=6).ok
+    assert grant(acceptor, B, t + 1.25, ballot=99, epoch=2, req=7).ok
 
 
 def test_a_lower_ballot_is_outbid_and_told_the_promise():
@@ -97,7 +97,9 @@ def test_only_the_owner_releases_and_only_its_current_epoch():
     acceptor.handle(B, Release("rack1", 9, 3), t)
     acceptor.handle(A, Release("rack1", 9, 2), t)
     assert acceptor.live_grant(t) is not None
-    acceptor.handle(A, Release("rack1", 9, 3), t)
+    acceptor.handle(A, Release("rack1", 9, 3), t)  # the id of the last release: a replay
+    assert acceptor.live_grant(t) is not None and acceptor.ignored == {"release": 1}
+    acceptor.handle(A, Release("rack1", 10, 3), t)
     assert acceptor.live_grant(t) is None
 
 
@@ -109,3 +111,34 @@ def test_a_witness_keeps_one_acceptor_per_rack_and_a_bounded_number_of_racks():
     assert witness.receive(A, Prepare("rack3", 1, 1, 3), 1.0) is None
     assert witness.refused_groups == 1
     assert set(witness.status(1.0)) == {"rack1", "rack2"}
+
+
+def test_a_replayed_propose_is_taken_once_and_never_renews_a_dead_holders_grant():
+    """Replaying one captured Propose kept a rack without a holder long after it died."""
+    acceptor, t = ready()
+    assert grant(acceptor, A, t, req=5).ok
+    replay = Propose("rack1", 5, 1, 1, 1.0, 3)
+    for k in range(1, 20):  # every 0.5 s for 10 s after the holder died
+        assert acceptor.handle(A, replay, t + 0.5 * k) is None
+    assert acceptor.live_grant(t + 1.0) is None
+    assert grant(acceptor, B, t + 1.0, ballot=2, epoch=2, req=1).ok
+    assert acceptor.ignored["propose"] == 19
+
+
+def test_a_replayed_prepare_and_a_propose_without_its_promise_are_not_answered():
+    acceptor, t = ready()
+    assert grant(acceptor, A, t, req=5).ok
+    assert acceptor.handle(A, Prepare("rack1", 5, 1, 3), t + 2) is None  # an old id
+    assert acceptor.handle(A, Prepare("rack1", 4, 9, 3), t + 2) is None  # older still
+    # a proposal for a round this acceptor never promised (its prepare was lost)
+    assert acceptor.handle(B, Propose("rack1", 1, 7, 2, 1.0, 3), t + 2) is None
+    # a proposal for a ballot other than the one promised to that sender in that round
+    assert acceptor.handle(B, Prepare("rack1", 2, 7, 3), t + 2).ok
+    assert acceptor.handle(B, Propose("rack1", 2, 8, 2, 1.0, 3), t + 2).why == "outbid"
+
+
+def test_the_restart_wait_covers_the_longest_lease_of_an_earlier_life():
+    """Lowering [ha] lease and restarting gave two holders: the wait used the new lease."""
+    acceptor = Acceptor("rack1", 0.0, max_lease=1.0, known_epoch=0, acceptors=3, restart_wait=3.0)
+    assert acceptor.handle(A, Prepare("rack1", 1, 1, 3), 2.9).why == "restarting"
+    assert acceptor.handle(A, Prepare("rack1", 2, 1, 3), 3.0).ok

@@ -15,7 +15,7 @@ SAMPLES = [
     m.Propose("rack1", 7, 3, 5, 1.0, 3),
     m.Accepted("rack1", 7, 3, True, "", "ab" * 8, 1.0, 5, 3, "ab" * 8),
     m.Release("rack1", 8, 5),
-    m.Handover("rack1", 9),
+    m.Handover("rack1", 9, 4),
 ]
 
 
@@ -57,6 +57,18 @@ def test_a_float_out_of_range_is_refused():
     raw = m.encode(SAMPLES[2]).replace(msgpack.packb(1.0), msgpack.packb(1e9))
     with pytest.raises(m.BadMessage, match="'lease' out of range"):
         m.decode_untrusted(raw)
+
+
+@pytest.mark.parametrize("value", [10**15, True, 3601, -1, float("nan"), float("inf")])
+def test_an_int_or_bool_in_a_float_field_is_checked_like_a_float(value):
+    """``left=1e15`` as an int used to pass unchecked, and True passed as 1.0."""
+    promise = m.Promise("rack1", 1, 1, False, "busy", "a", 1, 0.5, 1, False, 0, "")
+    raw = msgpack.unpackb(m.encode(promise))
+    raw["left"] = value
+    with pytest.raises(m.BadMessage, match="'left'"):
+        m.decode_untrusted(msgpack.packb(raw))
+    raw["left"] = 2  # a whole number of seconds is a float like any other
+    assert m.decode_untrusted(msgpack.packb(raw)).left == 2.0
 
 
 def test_extra_keys_from_a_newer_peer_are_ignored():
