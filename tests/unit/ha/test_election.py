@@ -323,3 +323,17 @@ def test_a_handover_is_taken_once_and_only_for_our_rack_and_the_epoch_we_hold():
         net._flush(holder)
         net.run_until(net.now + 0.3)
     assert len(net.acquisitions()) == taken and net.holders() == [holder]
+
+
+def test_a_forced_promote_that_fails_is_not_left_armed_for_a_later_round():
+    proposer = a_proposer()
+    proposer.promote(0.0, force=True)  # no round in flight: the next one is forced
+    proposer.handle_timer(0.0)
+    assert proposer.round.forced
+    proposer.handle_timer(0.25)  # nobody answered: the forced round failed
+    assert proposer.round is None
+    proposer.handle_timer(proposer.next_round)
+    req = proposer.round.req
+    proposer.receive("w", promise(req, amnesic=True), proposer.next_round)
+    proposer.receive("b", promise(req, amnesic=True), proposer.next_round)
+    assert proposer.round.phase == 1  # no remembering majority, and no force any more
