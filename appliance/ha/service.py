@@ -36,6 +36,7 @@ from appliance.cluster.files import write_atomically
 from appliance.control import ControlRequestError
 from appliance.errors import RackbootError
 from appliance.ha.election import Election
+from appliance.ha.metrics import HaCollector
 from appliance.ha.proposer import Acquired, Event, Lost, Renewed
 from appliance.ha.runner import ElectionRunner, TrioClock
 from appliance.ha.schema import SPLIT_BRAIN_OPT_IN, timing_from
@@ -131,6 +132,8 @@ class HaService:
                 count=settings.garp_count, interval=settings.garp_interval,
             )  # fmt: skip
         self.transitions = {"acquired": 0, "lost": 0}
+        if self.elects:
+            node.metrics.register(HaCollector(self.status))
         self.last_change = ""
         self.changed_at: dict[str, float] = {}  # "acquired"/"lost" -> wall time, for operators
 

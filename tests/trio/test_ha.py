@@ -172,3 +172,21 @@ async def test_the_election_state_survives_restarts_and_request_ids_rise(tmp_pat
             lambda: read_durable(tmp_path / "a" / "ha").longest_lease == 1.0,
             timeout=5, what="the longer lease forgotten after the restart wait",
         )  # fmt: skip
+
+
+async def test_prometheus_shows_role_epoch_validity_and_transitions(tmp_path):
+    from prometheus_client import generate_latest
+
+    async with rack(tmp_path) as (nodes, _):
+        await wait_until(lambda: len(actives(nodes)) == 1, what="one active")
+        active = nodes[actives(nodes)[0]]
+        standby = next(n for n in nodes.values() if n is not active)
+        text = generate_latest(active.metrics).decode()
+        assert 'rackboot_ha_role{role="active"} 1.0' in text
+        assert 'rackboot_ha_transitions_total{kind="acquired"}' in text
+        epoch = float(text.split("\nrackboot_ha_epoch ")[1].split()[0])
+        assert epoch == active.ha.status()["epoch"] >= 1
+        assert "rackboot_ha_valid_seconds " in text and "rackboot_ha_refusals" in text
+        other = generate_latest(standby.metrics).decode()
+        assert 'rackboot_ha_role{role="standby"} 1.0' in other
+        assert "\nrackboot_ha_epoch 0.0" in other
