@@ -14,6 +14,11 @@ Rules, in the order they are applied to a request from node ``sender``:
    remembers none (only the epoch is kept on disk). The period is the longest
    lease it may have granted in any earlier life (kept on disk too), so
    lowering ``lease`` and restarting never shortens the wait.
+1b. **Membership.** An appliance's acceptor answers only the rack's
+   appliances (``stranger`` otherwise) and only proposers whose membership
+   digest is its own (``mismatch``): see :mod:`appliance.ha.membership`. A
+   witness knows no configuration: it refuses a digest other than the one
+   the live grant was made under.
 2. **Live lease.** While a lease it granted is running, it refuses every
    other owner (``busy``, with how long is left), so the owner alone can
    renew it and nobody else duels with it.
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from appliance.ha.membership import Members
 from appliance.ha.messages import Accepted, Message, Prepare, Promise, Propose, Release
 
 MAX_SENDERS = 64  # request ids remembered (a rack's appliances, a witness's racks' ones)
@@ -46,6 +52,7 @@ class Grant:
     owner: str
     epoch: int
     expires: float  # on this acceptor's clock
+    members: str = ""  # the membership digest it was granted under
 
 
 class Acceptor:
@@ -56,15 +63,15 @@ class Acceptor:
         *,
         max_lease: float,
         known_epoch: int | None,
-        acceptors: int | None = None,
+        members: Members | None = None,
         restart_wait: float = 0.0,
     ) -> None:
         """``known_epoch``: from disk, or None for a diskless acceptor (it starts amnesic).
-        ``acceptors``: how many acceptors this one expects proposers to count (None: any).
+        ``members``: the rack's membership (None: a witness, which has none).
         ``restart_wait``: the longest lease an earlier life may have granted (from disk)."""
         self.group = group
         self.max_lease = max_lease
-        self.acceptors = acceptors
+        self.members = members
         self.restart_wait = max(max_lease, restart_wait)
         self.ready_at = now + self.restart_wait
         self.diskless = known_epoch is None
@@ -77,6 +84,7 @@ class Acceptor:
         self.ignored: dict[str, int] = {}  # duplicates and replays, never answered
         self._last_req: dict[str, int] = {}  # sender -> its newest request id
         self._accepted: tuple[str, int] | None = None  # (sender, req) of the last acceptance
+        self.mismatched: dict[str, str] = {}  # sender -> the other digest it sent
 
     def live_grant(self, now: float) -> Grant | None:
         if self.grant is not None and now >= self.grant.expires:
@@ -110,24 +118,34 @@ class Acceptor:
         self._last_req[sender] = message.req
         return True
 
-    def _refusal(self, sender: str, acceptors: int, now: float) -> tuple[str, Grant | None]:
+    def _refusal(self, sender: str, m: Prepare | Propose, now: float) -> tuple[str, Grant | None]:
         grant = self.live_grant(now)
-        if now < self.ready_at:
+        if sender not in (self.members.appliances if self.members else m.appliances):
+            why = "stranger"
+        elif now < self.ready_at:
             why = "restarting"
-        elif self.acceptors is not None and acceptors != self.acceptors:
+        elif self.digest(grant) not in ("", m.members):
             why = "mismatch"
+            if len(self.mismatched) < MAX_SENDERS or sender in self.mismatched:
+                self.mismatched[sender] = m.members
         elif grant is not None and grant.owner != sender:
             why = "busy"
         else:
             return "", grant
         return self._count(why), grant
 
+    def digest(self, grant: Grant | None) -> str:
+        """The membership digest requests must carry: ours, or for a witness the live grant's."""
+        if self.members is not None:
+            return self.members.digest
+        return grant.members if grant is not None else ""
+
     def _count(self, why: str) -> str:
         self.refusals[why] = self.refusals.get(why, 0) + 1
         return why
 
     def _prepare(self, sender: str, m: Prepare, now: float) -> Promise:
-        why, grant = self._refusal(sender, m.acceptors, now)
+        why, grant = self._refusal(sender, m, now)
         ballot = (m.ballot, sender)
         if not why and ballot < self.promised:
             why = self._count("outbid")
@@ -138,10 +156,14 @@ class Acceptor:
             owner=grant.owner if grant else "", owner_epoch=grant.epoch if grant else 0,
             left=self._left(grant, now), known_epoch=self.known_epoch, amnesic=self.amnesic,
             promised_n=self.promised[0], promised_by=self.promised[1],
+            members=self._judged_by(m, grant),
         )  # fmt: skip
 
+    def _judged_by(self, m: Prepare | Propose, grant: Grant | None) -> str:
+        return self.digest(grant) or m.members
+
     def _propose(self, sender: str, m: Propose, now: float) -> Accepted:
-        why, grant = self._refusal(sender, m.acceptors, now)
+        why, grant = self._refusal(sender, m, now)
         ballot = (m.ballot, sender)
         if not why and ballot != self.promised:
             why = self._count("outbid")  # Paxos: accept only the ballot promised last
@@ -151,7 +173,7 @@ class Acceptor:
             why = self._count("lease-too-long")
         if not why:
             self._accepted = (sender, m.req)
-            self.grant = grant = Grant(sender, m.epoch, now + m.lease)
+            self.grant = grant = Grant(sender, m.epoch, now + m.lease, m.members)
             self.amnesic = False
             if m.epoch > self.known_epoch:
                 self.known_epoch = m.epoch
@@ -161,7 +183,7 @@ class Acceptor:
             self.group, m.req, m.ballot, not why, why,
             owner=grant.owner if grant else "", left=self._left(grant, now),
             known_epoch=self.known_epoch, promised_n=self.promised[0],
-            promised_by=self.promised[1],
+            promised_by=self.promised[1], members=self._judged_by(m, grant),
         )  # fmt: skip
 
     def _left(self, grant: Grant | None, now: float) -> float:
@@ -180,4 +202,5 @@ class Acceptor:
             "grant_left": round(grant.expires - now, 3) if grant else 0.0,
             "refusals": dict(self.refusals),
             "ignored": dict(self.ignored),
+            "mismatched": dict(self.mismatched),
         }

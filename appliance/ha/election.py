@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from appliance.ha.acceptor import Acceptor
+from appliance.ha.membership import Members
 from appliance.ha.messages import Accepted, Handover, Message, Prepare, Promise, Propose, Release
 from appliance.ha.proposer import ALL, Event, Proposer
-from appliance.ha.schema import Timing, epoch_quorum, quorum
+from appliance.ha.schema import Timing
 
 REQUESTS = (Prepare, Propose, Release)
 ANSWERS = (Promise, Accepted, Handover)
@@ -36,8 +39,8 @@ class Election:
         group: str,
         timing: Timing,
         *,
-        peers: list[str],
-        witnesses: list[str],
+        peers: Mapping[str, str] | list[str],
+        witnesses: Mapping[str, str] | list[str],
         now: float,
         known_epoch: int,
         incarnation: int,
@@ -45,31 +48,48 @@ class Election:
         split_brain_opt_in: bool = False,
         maintenance: bool = False,
         restart_wait: float = 0.0,
+        confirmed: str = "",
     ) -> None:
-        """``peers``/``witnesses``: addresses of the other acceptors; ``known_epoch``: from
-        disk; ``incarnation``: rises with every start (request ids must rise across restarts);
-        ``restart_wait``: the longest lease an earlier life may have granted (from disk)."""
+        """``peers``/``witnesses``: node id -> address of the other acceptors (a list names
+        acceptors whose address is their id, as in tests); ``known_epoch``: from disk;
+        ``incarnation``: rises with every start (request ids must rise across restarts);
+        ``restart_wait``: the longest lease an earlier life may have granted; ``confirmed``:
+        the membership digest every peer was last seen to share (all three from disk)."""
+        peers, witnesses = _by_id(peers), _by_id(witnesses)
         self.me = me
-        self.peers = list(peers)
-        self.remote = [*peers, *witnesses]
-        n = 1 + len(self.remote)
+        self.members = Members.of(me, peers, witnesses, split_brain_opt_in)
+        self.peers = list(peers.values())
+        self.remote = [*peers.values(), *witnesses.values()]
         self.acceptor = Acceptor(
-            group, now, max_lease=timing.lease, known_epoch=known_epoch, acceptors=n,
+            group, now, max_lease=timing.lease, known_epoch=known_epoch, members=self.members,
             restart_wait=restart_wait,
         )  # fmt: skip
         self.proposer = Proposer(
-            me, group, timing, acceptors=n, quorum=quorum(n, split_brain_opt_in),
-            epoch_quorum=epoch_quorum(n, split_brain_opt_in), now=now,
-            incarnation=incarnation, rng=rng, maintenance=maintenance,
+            me, group, timing, members=self.members, now=now, incarnation=incarnation, rng=rng,
+            maintenance=maintenance,
         )  # fmt: skip
         self.proposer.known_epoch = known_epoch
+        self.confirmed = confirmed == self.members.digest
+        self.seen: dict[str, str] = {}  # peer appliance -> the membership digest it last sent
+        self._confirm: str | None = None
+        self.notices: deque[str] = deque(maxlen=16)  # for the log: membership disagreements
         self._out: deque[tuple[str, Message]] = deque()
+        self._judge()
 
     # -- shell interface ----------------------------------------------------------
 
     def receive(self, sender: str, address: str, message: Message, now: float) -> None:
         if sender == self.me:
             return  # our own datagram looped back: the local acceptor already saw it
+        if sender in self.members.peers and hasattr(message, "members"):
+            if self.seen.get(sender) != message.members != self.members.digest:
+                self.notices.append(
+                    f"appliance {sender} runs another membership ({message.members} where "
+                    f"this node has {self.members.digest}): no lease for this node until "
+                    "their [ha] peers and witnesses agree"
+                )  # fmt: skip
+            self.seen[sender] = message.members
+            self._judge()
         if isinstance(message, REQUESTS):
             answer = self.acceptor.handle(sender, message, now)
             if answer is not None:
@@ -86,6 +106,11 @@ class Election:
     def handle_timer(self, now: float) -> None:
         self.proposer.handle_timer(now)
         self._pump(now)
+
+    def confirmed_to_persist(self) -> str | None:
+        """A membership digest every peer appliance was seen to share, once, to keep."""
+        digest, self._confirm = self._confirm, None
+        return digest
 
     def epoch_to_persist(self) -> int | None:
         epoch, self.acceptor.persist = self.acceptor.persist, None
@@ -132,7 +157,33 @@ class Election:
         return self.proposer.holding(now)
 
     def status(self, now: float) -> dict:
-        return {**self.proposer.status(now), "acceptor": self.acceptor.status(now)}
+        membership = {
+            "digest": self.members.digest,
+            "confirmed": self.confirmed,
+            "blocked": self.proposer.blocked,
+            "peers": {peer: self.seen.get(peer, "") for peer in sorted(self.members.peers)},
+        }
+        return {
+            **self.proposer.status(now), "acceptor": self.acceptor.status(now),
+            "membership": membership,
+        }  # fmt: skip
+
+    def _judge(self) -> None:
+        """May this node take the lease, as far as membership goes? Not while a peer
+        appliance was last seen with another membership (``mismatch``), nor with a
+        membership no peer has confirmed yet (``unconfirmed``): a new or changed
+        configuration must first be seen on every other appliance of the rack, so two
+        disagreeing configurations never elect by disjoint majorities, partitioned or not."""
+        digest = self.members.digest
+        if any(seen != digest for seen in self.seen.values()):
+            self.proposer.blocked = "mismatch"
+        elif self.confirmed:
+            self.proposer.blocked = ""
+        elif all(self.seen.get(peer) == digest for peer in self.members.peers):
+            self.confirmed, self._confirm = True, digest
+            self.proposer.blocked = ""
+        else:
+            self.proposer.blocked = "unconfirmed"
 
     # -- internals ----------------------------------------------------------------
 
@@ -150,30 +201,64 @@ class Election:
                     self.proposer.receive(self.me, answer, now)
 
 
+@dataclass
+class RackAcceptor:
+    """A witness's acceptor for one rack: racks are told apart by their appliances."""
+
+    appliances: set[str]
+    acceptor: Acceptor
+
+
 class AcceptorSet:
-    """A witness: acceptors only, one per group (rack) that asks, diskless, bounded."""
+    """A witness: acceptors only, diskless, bounded. It has no configuration of the racks
+    it serves, so a rack is the rack name (two racks keeping the default name must not
+    share a lease) and the appliances its proposers list: a request joins the acceptor
+    whose appliances it shares. A request matching two is refused (counted)."""
 
     def __init__(self, max_lease: float, now: float, *, max_groups: int = 256) -> None:
         self.max_lease = max_lease
         self.started = now
         self.max_groups = max_groups
-        self.groups: dict[str, Acceptor] = {}
+        self.groups: dict[str, list[RackAcceptor]] = {}
         self.refused_groups = 0
+        self.ambiguous = 0
 
     def receive(self, sender: str, message: Message, now: float) -> Message | None:
         if not isinstance(message, REQUESTS):
             return None
-        acceptor = self.groups.get(message.group)
-        if acceptor is None:
-            if len(self.groups) >= self.max_groups:
-                self.refused_groups += 1
-                return None
-            # Its restart wait counts from the process start, not from first contact.
-            acceptor = Acceptor(
-                message.group, self.started, max_lease=self.max_lease, known_epoch=None
-            )
-            self.groups[message.group] = acceptor
-        return acceptor.handle(sender, message, now)
+        acceptor = self._acceptor(sender, message)
+        return None if acceptor is None else acceptor.handle(sender, message, now)
+
+    def _acceptor(self, sender: str, message: Prepare | Propose | Release) -> Acceptor | None:
+        racks = self.groups.setdefault(message.group, [])
+        listed = getattr(message, "appliances", None)
+        ids = set(listed) if listed is not None else {sender}
+        found = [rack for rack in racks if rack.appliances & ids]
+        if len(found) > 1:
+            self.ambiguous += 1
+            return None
+        if found:
+            if listed is not None:
+                found[0].appliances |= ids  # a rolling change of the rack's appliances
+            return found[0].acceptor
+        if listed is None:
+            return None  # a release for a rack this witness never voted for
+        if sum(map(len, self.groups.values())) >= self.max_groups:
+            self.refused_groups += 1
+            return None
+        # Its restart wait counts from the process start, not from first contact.
+        acceptor = Acceptor(message.group, self.started, max_lease=self.max_lease, known_epoch=None)
+        racks.append(RackAcceptor(ids, acceptor))
+        return acceptor
 
     def status(self, now: float) -> dict:
-        return {group: a.status(now) for group, a in sorted(self.groups.items())}
+        out = {}
+        for group, racks in sorted(self.groups.items()):
+            for n, rack in enumerate(racks):
+                key = group if n == 0 else f"{group}#{n + 1}"
+                out[key] = {**rack.acceptor.status(now), "appliances": sorted(rack.appliances)}
+        return out
+
+
+def _by_id(acceptors: Mapping[str, str] | list[str]) -> dict[str, str]:
+    return dict(acceptors) if isinstance(acceptors, Mapping) else {a: a for a in acceptors}

@@ -32,7 +32,8 @@ class Prepare:
     group: str
     req: int
     ballot: int
-    acceptors: int  # how many acceptors the proposer counts: a mismatch is a misconfiguration
+    members: str  # digest of the proposer's membership (appliance/ha/membership.py)
+    appliances: list[str]  # the proposer's appliances: a witness tells racks apart by them
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,9 @@ class Promise:
 
     ``ok`` false carries why: ``busy`` (``owner`` holds a live lease for ``left``
     more seconds), ``outbid`` (a higher ballot ``promised_n``/``promised_by`` was
-    promised), ``restarting`` (no votes for ``left`` more seconds), ``mismatch``.
+    promised), ``restarting`` (no votes for ``left`` more seconds), ``mismatch`` (another
+    membership digest than the acceptor's), ``stranger`` (the sender is not one of the
+    rack's appliances).
     """
 
     TYPE: ClassVar[str] = "promise"
@@ -57,6 +60,7 @@ class Promise:
     amnesic: bool  # a diskless acceptor that restarted and has not learnt the epoch since
     promised_n: int
     promised_by: str
+    members: str  # the membership digest the acceptor judged by
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ class Propose:
     ballot: int
     epoch: int
     lease: float
-    acceptors: int
+    members: str
+    appliances: list[str]
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class Accepted:
     known_epoch: int
     promised_n: int
     promised_by: str
+    members: str
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,8 @@ Message = Prepare | Promise | Propose | Accepted | Release | Handover
 TYPES: dict[str, type] = {
     cls.TYPE: cls for cls in (Prepare, Promise, Propose, Accepted, Release, Handover)
 }
-_PYTHON_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+_PYTHON_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list[str]": list}
+MAX_LIST = 17  # node ids of a rack's appliances (16 peers and the proposer)
 MAX_SECONDS = 3600.0  # durations on the wire: a lease, what is left of one
 _FIELDS = {
     cls: [(f.name, _PYTHON_TYPES[str(f.type)]) for f in dataclasses.fields(cls)]
@@ -141,7 +148,7 @@ def decode_untrusted(data: bytes) -> Message:
     try:
         raw = msgpack.unpackb(
             data, raw=False, strict_map_key=True, ext_hook=_no_ext,
-            max_array_len=16, max_map_len=32, max_str_len=256, max_bin_len=0,
+            max_array_len=MAX_LIST, max_map_len=32, max_str_len=256, max_bin_len=0,
         )  # fmt: skip
     except BadMessage:
         raise
@@ -167,6 +174,10 @@ def _field(message: str, name: str, kind: type, value: Any) -> Any:
         raise BadMessage(f"{message}: field {name!r} missing or of the wrong type")
     if kind is str and len(value) > MAX_TEXT:
         raise BadMessage(f"{message}: field {name!r} longer than {MAX_TEXT}")
+    if kind is list and (
+        len(value) > MAX_LIST or not all(isinstance(v, str) and len(v) <= MAX_TEXT for v in value)
+    ):
+        raise BadMessage(f"{message}: field {name!r} is not a list of up to {MAX_LIST} names")
     if kind is float and not (0.0 <= value <= MAX_SECONDS):  # NaN fails too
         raise BadMessage(f"{message}: field {name!r} out of range")
     if kind is int and not 0 <= value < 2**63:

@@ -27,10 +27,12 @@ tries again when the majority's grants will have run out.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from dataclasses import dataclass
 
+from appliance.ha.membership import Members
 from appliance.ha.messages import (
     Accepted,
     Handover,
@@ -108,9 +110,7 @@ class Proposer(LeaseTimes):
         group: str,
         timing: Timing,
         *,
-        acceptors: int,
-        quorum: int,
-        epoch_quorum: int | None = None,
+        members: Members,
         now: float,
         incarnation: int,
         rng: random.Random,
@@ -119,9 +119,13 @@ class Proposer(LeaseTimes):
         self.me = me
         self.group = group
         self.timing = timing
-        self.acceptors = acceptors
-        self.quorum = quorum
-        self.epoch_quorum = quorum if epoch_quorum is None else epoch_quorum
+        self.members = members
+        self.acceptors = len(members.acceptors)
+        self.quorum = members.quorum
+        self.epoch_quorum = members.epoch_quorum
+        self._appliances = sorted(members.appliances)
+        self.blocked = ""  # why membership forbids taking the lease now (the election says)
+        self.strangers = 0  # answers from nodes that are not our acceptors
         self.rng = rng
         self.maintenance = maintenance
         self.known_epoch = 0  # the highest epoch seen in any answer or granted to us
@@ -227,7 +231,9 @@ class Proposer(LeaseTimes):
             forced=self.force_epoch,
         )  # fmt: skip
         self.force_epoch = False
-        self.outbox.append((ALL, Prepare(self.group, self.round.req, self.ballot, self.acceptors)))
+        self.outbox.append((ALL, Prepare(
+            self.group, self.round.req, self.ballot, self.members.digest, self._appliances
+        )))  # fmt: skip
 
     def _next_req(self) -> int:
         self._req += 1
@@ -242,6 +248,11 @@ class Proposer(LeaseTimes):
         rnd = self.round
         if rnd is None or getattr(message, "req", None) != rnd.req:
             return  # an answer to an older round, or a duplicate
+        if sender not in self.members.acceptors:
+            self.strangers += 1  # only the configured acceptors count, whoever signs
+            return
+        if message.ok and message.members != self.members.digest:
+            message = dataclasses.replace(message, ok=False, why="mismatch")
         self.known_epoch = max(self.known_epoch, message.known_epoch)
         if not message.ok:
             self._refused(sender, message, now)
@@ -298,6 +309,9 @@ class Proposer(LeaseTimes):
             return
         if rnd.renewal and self.holding(now):
             epoch = self.epoch
+        elif self.blocked and not rnd.forced:
+            self._fail(now, self.blocked, retry=self.timing.renew)
+            return
         else:
             remembering = [p for p in rnd.promises.values() if not p.amnesic]
             if len(remembering) < self.epoch_quorum and not rnd.forced:
@@ -310,7 +324,15 @@ class Proposer(LeaseTimes):
         self.outbox.append(
             (
                 ALL,
-                Propose(self.group, rnd.req, rnd.ballot, epoch, self.timing.lease, self.acceptors),
+                Propose(
+                    self.group,
+                    rnd.req,
+                    rnd.ballot,
+                    epoch,
+                    self.timing.lease,
+                    self.members.digest,
+                    self._appliances,
+                ),  # fmt: skip
             )
         )
 
@@ -397,4 +419,5 @@ class Proposer(LeaseTimes):
             "last_refusal": self.last_refusal,
             "acceptors": self.acceptors,
             "quorum": self.quorum,
+            "strangers": self.strangers,
         }

@@ -45,6 +45,10 @@ async def _no_pause() -> None:
     pass
 
 
+async def _nowhere(digest: str) -> None:
+    pass
+
+
 class ElectionRunner:
     def __init__(
         self,
@@ -55,10 +59,15 @@ class ElectionRunner:
         on_event: Callable[[Event], None],
         persist: Callable[[int], Awaitable[None]],
         resume: Callable[[], Awaitable[None]] = _no_pause,
+        confirm: Callable[[str], Awaitable[None]] = _nowhere,
+        notice: Callable[[str], None] = lambda text: None,
     ) -> None:
         """``resume``: awaited after every wake-up; the simulation blocks it while the
-        process is paused (a real process simply does not run)."""
+        process is paused (a real process simply does not run). ``confirm``: keeps a
+        membership digest every peer appliance was seen to share."""
         self.election = election
+        self.confirm = confirm
+        self.notice = notice
         self.send = send
         self.clock = clock
         self.on_event = on_event
@@ -114,6 +123,11 @@ class ElectionRunner:
         epoch = self.election.epoch_to_persist()
         if epoch is not None:
             await self.persist(epoch)
+        digest = self.election.confirmed_to_persist()
+        if digest is not None:
+            await self.confirm(digest)
+        while self.election.notices:
+            self.notice(self.election.notices.popleft())
         for address, message in self.election.datagrams_to_send():
             self.send(address, message)
         while (event := self.election.next_event()) is not None:

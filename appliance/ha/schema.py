@@ -21,6 +21,8 @@ from appliance.schema import Bool, Choice, Field, Float, Int, IPv4Address, List,
 
 DEFAULT_PORT = 7471
 ADDRESS_PATTERN = r"[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}"
+MEMBER_PATTERN = r"[0-9a-f]{16}@" + ADDRESS_PATTERN
+MEMBER_EXPECTED = "'NODE-ID@host:port' (the node id `rackboot status` lists for that member)"
 VIP_PATTERN = r"([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}"
 MIN_MARGIN = 0.005  # scheduling jitter of the holder's own process, at the least
 SPLIT_BRAIN_OPT_IN = "accept_split_brain_risk"
@@ -46,14 +48,15 @@ SECTION = Section(
         ),
         "port": Field(Int(min=0, max=65535), default=DEFAULT_PORT, doc="UDP port of the election."),
         "peers": Field(
-            List(Str(ADDRESS_PATTERN, "a 'host:port' address", max_len=260), max_items=16),
+            List(Str(MEMBER_PATTERN, MEMBER_EXPECTED, max_len=280), max_items=16),
             default=(),
-            doc="The rack's other appliances ('host:port' of their election port).",
+            doc="The rack's other appliances: 'NODE-ID@host:port' of their election port.",
         ),
         "witnesses": Field(
-            List(Str(ADDRESS_PATTERN, "a 'host:port' address", max_len=260), max_items=16),
+            List(Str(MEMBER_PATTERN, MEMBER_EXPECTED, max_len=280), max_items=16),
             default=(),
-            doc="Witnesses (`rackboot witness`) voting in this rack's election.",
+            doc="Witnesses (`rackboot witness`) voting in this rack's election, "
+            "'NODE-ID@host:port'.",
         ),
         SPLIT_BRAIN_OPT_IN: Field(
             Bool(),
@@ -191,9 +194,8 @@ def check_settings(settings, source: str) -> None:
                 "both appliances active",
                 [],
             )
-        if len(set(settings.peers) | set(settings.witnesses)) != len(settings.peers) + len(
-            settings.witnesses
-        ):
+        ids = [parse_member(m)[0] for m in (*settings.peers, *settings.witnesses)]
+        if len(set(ids)) != len(ids):
             raise ConfigError(
                 source, "ha.peers", "each acceptor listed once across peers and witnesses",
                 [*settings.peers, *settings.witnesses],
@@ -203,6 +205,12 @@ def check_settings(settings, source: str) -> None:
         raise ConfigError(
             source, key, "both ha.vip and ha.vip_interface, or neither", settings[key[3:]]
         )
+
+
+def parse_member(text: str) -> tuple[str, str]:
+    """``NODE-ID@host:port`` -> (node id, 'host:port'); the schema checked the form."""
+    node_id, _, address = text.partition("@")
+    return node_id, address
 
 
 def quorum(acceptors: int, split_brain_opt_in: bool = False) -> int:

@@ -39,7 +39,7 @@ from appliance.ha.election import Election
 from appliance.ha.metrics import HaCollector
 from appliance.ha.proposer import Acquired, Event, Lost, Renewed
 from appliance.ha.runner import ElectionRunner, TrioClock
-from appliance.ha.schema import SPLIT_BRAIN_OPT_IN, timing_from
+from appliance.ha.schema import SPLIT_BRAIN_OPT_IN, parse_member, timing_from
 from appliance.ha.udp import UdpTransport
 from appliance.ha.vip import Vip, VipKeeper
 from appliance.logs import get_logger
@@ -58,12 +58,15 @@ class Durable:
     * ``longest_lease``: the longest lease it may have granted in any life, so the restart
       wait after lowering ``[ha] lease`` still covers grants made with the old one;
     * ``boots``: how many times the election started: the high half of request ids, which
-      must rise across restarts so acceptors can tell a replay from a new request.
+      must rise across restarts so acceptors can tell a replay from a new request;
+    * ``members``: the membership digest every other appliance was last seen to share
+      (a changed configuration takes the lease only once they share it again).
     """
 
     epoch: int = 0
     longest_lease: float = 0.0
     boots: int = 0
+    members: str = ""
 
 
 def read_durable(directory: Path) -> Durable:
@@ -86,7 +89,10 @@ def read_durable(directory: Path) -> Durable:
         raise RackbootError(
             f"{path} holds {str(raw)[:80]!r}: expected epoch, longest_lease and boots >= 0"
         )
-    return Durable(int(raw["epoch"]), float(raw["longest_lease"]), int(raw["boots"]))
+    members = raw.get("members", "")
+    if not isinstance(members, str) or len(members) > 64:
+        raise RackbootError(f"{path}: 'members' is not a membership digest")
+    return Durable(int(raw["epoch"]), float(raw["longest_lease"]), int(raw["boots"]), members)
 
 
 def _read_legacy_epoch(path: Path) -> int:
@@ -115,6 +121,7 @@ class HaService:
         self.node = node
         self.settings = settings
         self.timing = timing_from(settings, source)
+        self.source = source
         self.backend = settings.backend
         self.elects = self.backend == "etcd" or bool(settings.peers or settings.witnesses)
         self.election: Election | None = None
@@ -174,18 +181,27 @@ class HaService:
         durable.boots += 1
         await self._write(durable)
         now = trio.current_time()
+        peers, witnesses = (
+            dict(map(parse_member, listed)) for listed in (settings.peers, settings.witnesses)
+        )
+        if identity.node_id in peers or identity.node_id in witnesses:
+            raise RackbootError(
+                f"{self.source}: [ha] lists this node ({identity.node_id}) among its own peers "
+                "or witnesses: list the other members only"
+            )
         self.election = Election(
             identity.node_id, self.node.config.node.rack, self.timing,
-            peers=list(settings.peers), witnesses=list(settings.witnesses), now=now,
+            peers=peers, witnesses=witnesses, now=now,
             known_epoch=durable.epoch, incarnation=durable.boots, rng=random.Random(),
             split_brain_opt_in=settings[SPLIT_BRAIN_OPT_IN], maintenance=settings.maintenance,
-            restart_wait=restart_wait,
+            restart_wait=restart_wait, confirmed=durable.members,
         )  # fmt: skip
         self.transport = UdpTransport(identity, str(settings.listen), settings.port)
-        await self.transport.bind([*settings.peers, *settings.witnesses])
+        await self.transport.bind([*peers.values(), *witnesses.values()])
         self.runner = ElectionRunner(
             self.election, self.transport.send, clock=TrioClock(),
-            on_event=self.on_event, persist=self._persist,
+            on_event=self.on_event, persist=self._persist, confirm=self._confirm,
+            notice=lambda text: log.warning("membership mismatch", detail=text),
         )  # fmt: skip
         log.info(
             "election", node_id=identity.node_id, rack=self.node.config.node.rack,
@@ -226,6 +242,10 @@ class HaService:
 
     async def _persist(self, epoch: int) -> None:
         await self._write(dataclasses.replace(self.durable, epoch=epoch))
+
+    async def _confirm(self, digest: str) -> None:
+        log.info("membership confirmed by every appliance of the rack", digest=digest)
+        await self._write(dataclasses.replace(self.durable, members=digest))
 
     async def _signals(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGUSR1, signal.SIGUSR2) as signals:

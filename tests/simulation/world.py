@@ -101,6 +101,7 @@ class Process:
         self.witness = witness
         self.clock = DriftClock(rate, world.rng.uniform(0, 1000))
         self.disk_epoch = 0  # appliances persist the highest accepted epoch
+        self.disk_confirmed = ""  # and the membership every peer was seen to share
         self.fence = Fence(self.clock.now)
         self.active = False  # the role the shell gives the node
         self.scope: trio.CancelScope | None = None
@@ -143,11 +144,12 @@ class Process:
                 election = Election(
                     self.name, "rack", world.timing, peers=world.peers_of(self.name),
                     witnesses=world.witnesses, now=now, known_epoch=self.disk_epoch,
+                    confirmed=self.disk_confirmed,
                     incarnation=self.incarnation, rng=random.Random(world.rng.random()),
                 )  # fmt: skip
                 self.runner = ElectionRunner(
                     election, send, clock=self.clock, on_event=self._event,
-                    persist=self._persist, resume=self.gate,
+                    persist=self._persist, resume=self.gate, confirm=self._confirm,
                 )  # fmt: skip
             world.network.endpoints[self.name] = self.runner
             async with trio.open_nursery() as nursery:
@@ -184,6 +186,9 @@ class Process:
 
     async def _persist(self, epoch: int) -> None:
         self.disk_epoch = epoch
+
+    async def _confirm(self, digest: str) -> None:
+        self.disk_confirmed = digest
 
     def _event(self, event) -> None:
         world = self.world

@@ -35,6 +35,10 @@ def enrol_members(
     return dirs
 
 
+def node_id(data_dir: Path) -> str:
+    return ClusterFiles(data_dir).read_json("cluster.json", {})["node_id"]
+
+
 def free_udp_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Ports free now (another process could take one before use: tests retry nothing)."""
     socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]

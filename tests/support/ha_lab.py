@@ -11,7 +11,7 @@ from pathlib import Path
 from appliance import control
 from appliance.errors import RackbootError
 from tests.support.dhcplab import DhcpNode, rackboot, stop_process, wait_until
-from tests.support.ha import enrol_members
+from tests.support.ha import enrol_members, node_id
 from tests.support.netns import Lab
 
 PORT = 7471
@@ -43,6 +43,7 @@ class Rack:
         self.vip = str(lab.network.network_address + 200)
         dirs = {n: tmp_path / n / "data" for n in ("a", "b")} | {"w": tmp_path / "w"}
         enrol_members(tmp_path, ["a", "b", "w"], dirs=dirs)
+        self.ids = {n: node_id(d) for n, d in dirs.items()}
         self.nodes = {n: self._node(tmp_path, n) for n in ("a", "b")}
         self.witness_config = tmp_path / "w.toml"
         self.witness_config.write_text(
@@ -54,6 +55,10 @@ class Rack:
 
     def address(self, name: str) -> str:
         return f"{self.hosts[name].addr}:{PORT}"
+
+    def member(self, name: str) -> str:
+        """How ``[ha] peers`` and ``witnesses`` name a member: its node id and address."""
+        return f"{self.ids[name]}@{self.address(name)}"
 
     def _node(self, tmp_path: Path, name: str) -> HaNode:
         host, other = self.hosts[name], "b" if name == "a" else "a"
@@ -75,8 +80,8 @@ class Rack:
             [ha]
             listen = "{host.addr}"
             port = {PORT}
-            peers = ["{self.address(other)}"]
-            witnesses = ["{self.address("w")}"]
+            peers = ["{self.member(other)}"]
+            witnesses = ["{self.member("w")}"]
             vip = "{self.vip}/{net.prefixlen}"
             vip_interface = "{host.ifname}"
             """,

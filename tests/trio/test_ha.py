@@ -16,7 +16,7 @@ from appliance.ha.envelope import seal
 from appliance.ha.messages import Prepare
 from appliance.ha.witness import Witness, load_identity
 from appliance.node import Node
-from tests.support.ha import enrol_members, free_udp_ports
+from tests.support.ha import enrol_members, free_udp_ports, node_id
 from tests.support.plugins import configured
 from tests.trio.test_cluster import wait_until
 
@@ -46,7 +46,8 @@ async def rack(tmp_path: Path, **ha):
     else:
         dirs = enrol_members(tmp_path, names)
     pa, pb, pw = free_udp_ports(3)
-    addr = {"a": f"127.0.0.1:{pa}", "b": f"127.0.0.1:{pb}", "w": f"127.0.0.1:{pw}"}
+    ports = {"a": pa, "b": pb, "w": pw}
+    addr = {n: f"{node_id(dirs[n])}@127.0.0.1:{port}" for n, port in ports.items()}
     witness = Witness(load_identity(str(dirs["w"])), "127.0.0.1", pw, 1.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(
@@ -121,7 +122,9 @@ async def test_a_stranger_datagram_is_refused_and_counted(tmp_path):
         identity = load_identity(str(outsider))
         from appliance.cluster import pki
 
-        datagram = seal(Prepare("rack1", 1, 99, 3), identity.key, pki.cert_der(identity.cert))
+        datagram = seal(
+            Prepare("rack1", 1, 99, "d" * 32, ["a" * 16]), identity.key, pki.cert_der(identity.cert)
+        )
         sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
         with sock:
             await sock.sendto(datagram, ("127.0.0.1", nodes["a"].ha.transport.port))
@@ -134,7 +137,7 @@ async def test_peers_without_a_cluster_identity_refuse_to_start(tmp_path):
     config, pm = configured(
         tmp_path,
         {"node": {"name": "lonely", "data_dir": str(tmp_path / "lonely")},
-         "ha": {"peers": ["127.0.0.1:9"], "witnesses": ["127.0.0.1:10"]}},
+         "ha": {"peers": [f"{'a' * 16}@127.0.0.1:9"], "witnesses": [f"{'b' * 16}@127.0.0.1:10"]}},
     )  # fmt: skip
     with pytest.raises(RackbootError, match="no cluster identity"):
         await Node(config, pm).run(handle_signals=False)

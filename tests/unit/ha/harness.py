@@ -30,9 +30,11 @@ class Net:
         self.dead: set[str] = set()
         self.log: list[tuple[float, str, object]] = []  # (time, node, event)
         self.disk: dict[str, int] = {}
+        self.confirmed: dict[str, str] = {}  # name -> membership digest on its disk
 
     def add_node(self, name: str, peers, witnesses, **kw) -> Election:
         kw.setdefault("known_epoch", self.disk.get(name, 0))
+        kw.setdefault("confirmed", self.confirmed.get(name, ""))
         node = Election(
             name, "rack1", self.timing, peers=list(peers), witnesses=list(witnesses),
             now=self.now, incarnation=len(self.log), rng=random.Random(name), **kw,
@@ -110,6 +112,9 @@ class Net:
         epoch = node.epoch_to_persist()
         if epoch is not None:
             self.disk[name] = epoch
+        digest = node.confirmed_to_persist()
+        if digest is not None:
+            self.confirmed[name] = digest
         for address, msg in node.datagrams_to_send():
             self._send(name, address, msg)
         while (event := node.next_event()) is not None:

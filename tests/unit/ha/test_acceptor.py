@@ -4,55 +4,58 @@ from __future__ import annotations
 
 from appliance.ha.acceptor import Acceptor
 from appliance.ha.election import AcceptorSet
+from appliance.ha.membership import Members
 from appliance.ha.messages import Prepare, Propose, Release
 
-A, B = "a" * 16, "b" * 16
+A, B, W = "a" * 16, "b" * 16, "c" * 16
+MEMBERS = Members.of(A, [B], [W])
+D, APPL = MEMBERS.digest, sorted(MEMBERS.appliances)
 
 
 def ready(known_epoch=0, now=0.0):
-    acceptor = Acceptor("rack1", now, max_lease=1.0, known_epoch=known_epoch, acceptors=3)
+    acceptor = Acceptor("rack1", now, max_lease=1.0, known_epoch=known_epoch, members=MEMBERS)
     return acceptor, now + 1.0
 
 
 def grant(acceptor, who, now, *, ballot=1, epoch=1, req=1):
-    assert acceptor.handle(who, Prepare("rack1", req, ballot, 3), now).ok
-    return acceptor.handle(who, Propose("rack1", req, ballot, epoch, 1.0, 3), now)
+    assert acceptor.handle(who, Prepare("rack1", req, ballot, D, APPL), now).ok
+    return acceptor.handle(who, Propose("rack1", req, ballot, epoch, 1.0, D, APPL), now)
 
 
 def test_after_a_restart_it_votes_for_nobody_for_one_lease_period():
     acceptor, t = ready()
-    early = acceptor.handle(A, Prepare("rack1", 1, 1, 3), t - 0.01)
+    early = acceptor.handle(A, Prepare("rack1", 1, 1, D, APPL), t - 0.01)
     assert (early.ok, early.why) == (False, "restarting")
     assert abs(early.left - 0.01) < 1e-9
-    assert not acceptor.handle(A, Propose("rack1", 1, 1, 1, 1.0, 3), t - 0.01).ok
-    assert acceptor.handle(A, Prepare("rack1", 2, 1, 3), t).ok
+    assert not acceptor.handle(A, Propose("rack1", 1, 1, 1, 1.0, D, APPL), t - 0.01).ok
+    assert acceptor.handle(A, Prepare("rack1", 2, 1, D, APPL), t).ok
 
 
 def test_a_live_lease_refuses_every_other_owner_until_it_runs_out():
     acceptor, t = ready()
     assert grant(acceptor, A, t).ok
-    other = acceptor.handle(B, Prepare("rack1", 5, 99, 3), t + 0.5)
+    other = acceptor.handle(B, Prepare("rack1", 5, 99, D, APPL), t + 0.5)
     assert (other.ok, other.why, other.owner, other.owner_epoch) == (False, "busy", A, 1)
     assert abs(other.left - 0.5) < 1e-9
-    assert not acceptor.handle(B, Propose("rack1", 5, 99, 2, 1.0, 3), t + 0.999).ok
+    assert not acceptor.handle(B, Propose("rack1", 5, 99, 2, 1.0, D, APPL), t + 0.999).ok
     # the owner renews at any time; the others get their turn once it runs out
     assert grant(acceptor, A, t + 0.25, ballot=2, req=2).left == 1.0
-    assert acceptor.handle(B, Prepare("rack1", 6, 99, 3), t + 1.249).why == "busy"
+    assert acceptor.handle(B, Prepare("rack1", 6, 99, D, APPL), t + 1.249).why == "busy"
     assert grant(acceptor, B, t + 1.25, ballot=99, epoch=2, req=7).ok
 
 
 def test_a_lower_ballot_is_outbid_and_told_the_promise():
     acceptor, t = ready()
-    assert acceptor.handle(B, Prepare("rack1", 1, 7, 3), t).ok
-    refused = acceptor.handle(A, Prepare("rack1", 2, 6, 3), t)
+    assert acceptor.handle(B, Prepare("rack1", 1, 7, D, APPL), t).ok
+    refused = acceptor.handle(A, Prepare("rack1", 2, 6, D, APPL), t)
     assert (refused.ok, refused.why, refused.promised_n, refused.promised_by) == (
         False,
         "outbid",
         7,
         B,
     )
-    assert acceptor.handle(B, Propose("rack1", 1, 7, 1, 1.0, 3), t).ok
-    assert acceptor.handle(A, Propose("rack1", 2, 6, 1, 1.0, 3), t + 2).why == "outbid"
+    assert acceptor.handle(B, Propose("rack1", 1, 7, 1, 1.0, D, APPL), t).ok
+    assert acceptor.handle(A, Propose("rack1", 2, 6, 1, 1.0, D, APPL), t + 2).why == "outbid"
 
 
 def test_an_epoch_below_the_highest_accepted_is_refused():
@@ -63,14 +66,18 @@ def test_an_epoch_below_the_highest_accepted_is_refused():
 
 def test_a_lease_longer_than_its_own_is_refused():
     acceptor, t = ready()
-    acceptor.handle(A, Prepare("rack1", 1, 1, 3), t)
-    assert acceptor.handle(A, Propose("rack1", 1, 1, 1, 1.5, 3), t).why == "lease-too-long"
+    acceptor.handle(A, Prepare("rack1", 1, 1, D, APPL), t)
+    assert acceptor.handle(A, Propose("rack1", 1, 1, 1, 1.5, D, APPL), t).why == "lease-too-long"
 
 
 def test_a_proposer_counting_other_acceptors_is_refused():
     acceptor, t = ready()
-    assert acceptor.handle(A, Prepare("rack1", 1, 1, 2), t).why == "mismatch"
-    assert acceptor.refusals == {"mismatch": 1}
+    other = Members.of(A, [B], ["d" * 16])  # the same count, another witness
+    assert acceptor.handle(A, Prepare("rack1", 1, 1, other.digest, APPL), t).why == "mismatch"
+    assert acceptor.refusals == {"mismatch": 1} and acceptor.mismatched == {A: other.digest}
+    stranger = "e" * 16  # a member of the cluster, but not an appliance of this rack
+    refused = acceptor.handle(stranger, Prepare("rack1", 1, 1, D, [*APPL, stranger]), t)
+    assert refused.why == "stranger"
 
 
 def test_a_disk_acceptor_asks_to_persist_each_new_epoch_once():
@@ -84,10 +91,10 @@ def test_a_disk_acceptor_asks_to_persist_each_new_epoch_once():
 
 def test_a_diskless_acceptor_is_amnesic_until_it_accepts_a_proposal():
     acceptor = Acceptor("rack1", 0.0, max_lease=1.0, known_epoch=None)
-    assert acceptor.handle(A, Prepare("rack1", 1, 1, 3), 1.0).amnesic
-    acceptor.handle(A, Propose("rack1", 1, 1, 12, 1.0, 3), 1.0)
+    assert acceptor.handle(A, Prepare("rack1", 1, 1, D, APPL), 1.0).amnesic
+    acceptor.handle(A, Propose("rack1", 1, 1, 12, 1.0, D, APPL), 1.0)
     assert acceptor.persist is None  # nowhere to persist it
-    after = acceptor.handle(A, Prepare("rack1", 2, 2, 3), 1.1)
+    after = acceptor.handle(A, Prepare("rack1", 2, 2, D, APPL), 1.1)
     assert (after.amnesic, after.known_epoch) == (False, 12)
 
 
@@ -105,10 +112,10 @@ def test_only_the_owner_releases_and_only_its_current_epoch():
 
 def test_a_witness_keeps_one_acceptor_per_rack_and_a_bounded_number_of_racks():
     witness = AcceptorSet(1.0, 0.0, max_groups=2)
-    assert witness.receive(A, Prepare("rack1", 1, 1, 3), 0.5).why == "restarting"
+    assert witness.receive(A, Prepare("rack1", 1, 1, D, APPL), 0.5).why == "restarting"
     # a rack first heard after the restart wait is not made to wait again
-    assert witness.receive(A, Prepare("rack2", 1, 1, 3), 1.0).ok
-    assert witness.receive(A, Prepare("rack3", 1, 1, 3), 1.0) is None
+    assert witness.receive(A, Prepare("rack2", 1, 1, D, APPL), 1.0).ok
+    assert witness.receive(A, Prepare("rack3", 1, 1, D, APPL), 1.0) is None
     assert witness.refused_groups == 1
     assert set(witness.status(1.0)) == {"rack1", "rack2"}
 
@@ -117,7 +124,7 @@ def test_a_replayed_propose_is_taken_once_and_never_renews_a_dead_holders_grant(
     """Replaying one captured Propose kept a rack without a holder long after it died."""
     acceptor, t = ready()
     assert grant(acceptor, A, t, req=5).ok
-    replay = Propose("rack1", 5, 1, 1, 1.0, 3)
+    replay = Propose("rack1", 5, 1, 1, 1.0, D, APPL)
     for k in range(1, 20):  # every 0.5 s for 10 s after the holder died
         assert acceptor.handle(A, replay, t + 0.5 * k) is None
     assert acceptor.live_grant(t + 1.0) is None
@@ -128,17 +135,19 @@ def test_a_replayed_propose_is_taken_once_and_never_renews_a_dead_holders_grant(
 def test_a_replayed_prepare_and_a_propose_without_its_promise_are_not_answered():
     acceptor, t = ready()
     assert grant(acceptor, A, t, req=5).ok
-    assert acceptor.handle(A, Prepare("rack1", 5, 1, 3), t + 2) is None  # an old id
-    assert acceptor.handle(A, Prepare("rack1", 4, 9, 3), t + 2) is None  # older still
+    assert acceptor.handle(A, Prepare("rack1", 5, 1, D, APPL), t + 2) is None  # an old id
+    assert acceptor.handle(A, Prepare("rack1", 4, 9, D, APPL), t + 2) is None  # older still
     # a proposal for a round this acceptor never promised (its prepare was lost)
-    assert acceptor.handle(B, Propose("rack1", 1, 7, 2, 1.0, 3), t + 2) is None
+    assert acceptor.handle(B, Propose("rack1", 1, 7, 2, 1.0, D, APPL), t + 2) is None
     # a proposal for a ballot other than the one promised to that sender in that round
-    assert acceptor.handle(B, Prepare("rack1", 2, 7, 3), t + 2).ok
-    assert acceptor.handle(B, Propose("rack1", 2, 8, 2, 1.0, 3), t + 2).why == "outbid"
+    assert acceptor.handle(B, Prepare("rack1", 2, 7, D, APPL), t + 2).ok
+    assert acceptor.handle(B, Propose("rack1", 2, 8, 2, 1.0, D, APPL), t + 2).why == "outbid"
 
 
 def test_the_restart_wait_covers_the_longest_lease_of_an_earlier_life():
     """Lowering [ha] lease and restarting gave two holders: the wait used the new lease."""
-    acceptor = Acceptor("rack1", 0.0, max_lease=1.0, known_epoch=0, acceptors=3, restart_wait=3.0)
-    assert acceptor.handle(A, Prepare("rack1", 1, 1, 3), 2.9).why == "restarting"
-    assert acceptor.handle(A, Prepare("rack1", 2, 1, 3), 3.0).ok
+    acceptor = Acceptor(
+        "rack1", 0.0, max_lease=1.0, known_epoch=0, members=MEMBERS, restart_wait=3.0
+    )
+    assert acceptor.handle(A, Prepare("rack1", 1, 1, D, APPL), 2.9).why == "restarting"
+    assert acceptor.handle(A, Prepare("rack1", 2, 1, D, APPL), 3.0).ok

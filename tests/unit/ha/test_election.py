@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from appliance.ha.membership import Members
 from appliance.ha.messages import Accepted, Handover, Promise, Propose
 from appliance.ha.proposer import Acquired, Proposer, Renewed
 from appliance.ha.schema import Timing
@@ -158,7 +159,7 @@ def test_a_restarted_witness_learns_the_epoch_from_the_live_holder():
     net.kill("w")
     net.add_witness("w")
     net.run_until(3.0)
-    assert not net.witnesses["w"].groups["rack1"].amnesic
+    assert not net.witnesses["w"].groups["rack1"][0].acceptor.amnesic
     net.kill(holder)
     net.run_until(5.0)
     assert len(net.holders()) == 1 and net.acquisitions()[-1][2] == 2
@@ -196,12 +197,15 @@ def test_two_candidates_at_once_end_with_one_holder():
     assert len({e for _, _, e in net.acquisitions()}) == len(net.acquisitions())
 
 
+PROPOSER = Members.of("a", ["b"], ["w"])
+
+
 def promise(req, *, ok=True, why="", amnesic=False, known=0, left=0.0):
-    return Promise("rack1", req, 1, ok, why, "", 0, left, known, amnesic, 1, "a")
+    return Promise("rack1", req, 1, ok, why, "", 0, left, known, amnesic, 1, "a", PROPOSER.digest)
 
 
 def a_proposer(now=0.0):
-    return Proposer("a", "rack1", Timing(), acceptors=3, quorum=2, now=now, incarnation=1,
+    return Proposer("a", "rack1", Timing(), members=PROPOSER, now=now, incarnation=1,
                     rng=random.Random(1))  # fmt: skip
 
 
@@ -273,7 +277,7 @@ def test_a_grant_that_comes_back_too_late_is_not_used(lost):
 
 
 def accepted(req):
-    return Accepted("rack1", req, 1, True, "", "a", 1.0, 1, 1, "a")
+    return Accepted("rack1", req, 1, True, "", "a", 1.0, 1, 1, "a", PROPOSER.digest)
 
 
 def test_a_renewal_granted_after_the_lease_ran_out_steps_down_instead():

@@ -14,7 +14,7 @@ from appliance.ha.envelope import Opener, seal
 from appliance.ha.messages import BadMessage, Prepare
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-MESSAGE = Prepare("rack1", 1, 1, 3)
+MESSAGE = Prepare("rack1", 1, 1, "d" * 32, ["a" * 16])
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from appliance.ha import messages as m
 
 SAMPLES = [
-    m.Prepare("rack1", 7, 3, 3),
-    m.Promise("rack1", 7, 3, False, "busy", "ab" * 8, 4, 0.75, 4, True, 5, "cd" * 8),
-    m.Propose("rack1", 7, 3, 5, 1.0, 3),
-    m.Accepted("rack1", 7, 3, True, "", "ab" * 8, 1.0, 5, 3, "ab" * 8),
+    m.Prepare("rack1", 7, 3, "d" * 32, ["ab" * 8, "cd" * 8]),
+    m.Promise("rack1", 7, 3, False, "busy", "ab" * 8, 4, 0.75, 4, True, 5, "cd" * 8, "d" * 32),
+    m.Propose("rack1", 7, 3, 5, 1.0, "d" * 32, ["ab" * 8]),
+    m.Accepted("rack1", 7, 3, True, "", "ab" * 8, 1.0, 5, 3, "ab" * 8, "d" * 32),
     m.Release("rack1", 8, 5),
     m.Handover("rack1", 9, 4),
 ]
@@ -22,12 +22,19 @@ SAMPLES = [
 @pytest.mark.parametrize("message", SAMPLES, ids=lambda x: x.TYPE)
 def test_every_message_round_trips(message):
     data = m.encode(message)
-    assert len(data) < 200
+    assert len(data) < 250
     assert m.decode_untrusted(data) == message
 
 
 def body(**changes):
-    raw = {"t": "prepare", "group": "rack1", "req": 1, "ballot": 1, "acceptors": 3}
+    raw = {
+        "t": "prepare",
+        "group": "rack1",
+        "req": 1,
+        "ballot": 1,
+        "members": "d",
+        "appliances": [],
+    }
     raw.update(changes)
     return msgpack.packb(raw)
 
@@ -42,7 +49,10 @@ def body(**changes):
         (body(ballot=True), "field 'ballot' missing or of the wrong type"),
         (body(ballot=-1), "field 'ballot' out of range"),
         (body(group="x" * 65), "field 'group' longer than 64"),
-        (msgpack.packb({"t": "prepare", "group": "r", "req": 1, "ballot": 1}), "'acceptors' missing"),
+        (msgpack.packb({"t": "prepare", "group": "r", "req": 1, "ballot": 1}), "'members' missing"),
+        (body(appliances=["a"] * 18), "not valid msgpack"),  # over the array cap
+        (body(appliances=[1]), "'appliances' is not a list"),
+        (body(appliances="ab"), "'appliances' missing or of the wrong type"),
         (msgpack.packb({"t": "handover", "group": "r", "req": 1, "x": msgpack.ExtType(1, b"")}),
          "extension type"),
         (b"\x80" + b"\x00" * 2000, "exceeds the cap of 1024"),
@@ -62,7 +72,7 @@ def test_a_float_out_of_range_is_refused():
 @pytest.mark.parametrize("value", [10**15, True, 3601, -1, float("nan"), float("inf")])
 def test_an_int_or_bool_in_a_float_field_is_checked_like_a_float(value):
     """``left=1e15`` as an int used to pass unchecked, and True passed as 1.0."""
-    promise = m.Promise("rack1", 1, 1, False, "busy", "a", 1, 0.5, 1, False, 0, "")
+    promise = m.Promise("rack1", 1, 1, False, "busy", "a", 1, 0.5, 1, False, 0, "", "d" * 32)
     raw = msgpack.unpackb(m.encode(promise))
     raw["left"] = value
     with pytest.raises(m.BadMessage, match="'left'"):
@@ -72,7 +82,7 @@ def test_an_int_or_bool_in_a_float_field_is_checked_like_a_float(value):
 
 
 def test_extra_keys_from_a_newer_peer_are_ignored():
-    assert m.decode_untrusted(body(future=1)) == m.Prepare("rack1", 1, 1, 3)
+    assert m.decode_untrusted(body(future=1)) == m.Prepare("rack1", 1, 1, "d", [])
 
 
 @given(st.binary(max_size=1100))
@@ -83,7 +93,7 @@ def test_arbitrary_bytes_raise_only_bad_message(data):
         pass
 
 
-@given(st.dictionaries(st.sampled_from(["t", "group", "req", "ballot", "acceptors", "ok", "left"]),
+@given(st.dictionaries(st.sampled_from(["t", "group", "req", "ballot", "members", "ok", "left", "appliances"]),
                        st.one_of(st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=70), st.booleans(),
                                  st.none(), st.sampled_from(list(m.TYPES)))))  # fmt: skip
 def test_arbitrary_maps_raise_only_bad_message(raw):

@@ -42,15 +42,26 @@ def test_a_margin_of_half_the_lease_is_refused():
 
 def test_two_appliances_need_a_witness_or_the_named_opt_in():
     with pytest.raises(ConfigError) as err:
-        check_settings(settings(peers=["10.0.0.2:7471"]), "rack.toml")
+        check_settings(settings(peers=["bbbbbbbbbbbbbbbb@10.0.0.2:7471"]), "rack.toml")
     assert "ha.witnesses" in str(err.value) and "accept_split_brain_risk = true" in str(err.value)
-    check_settings(settings(peers=["10.0.0.2:7471"], witnesses=["10.0.9.1:7471"]), "rack.toml")
-    check_settings(settings(peers=["10.0.0.2:7471"], accept_split_brain_risk=True), "rack.toml")
+    check_settings(
+        settings(
+            peers=["bbbbbbbbbbbbbbbb@10.0.0.2:7471"], witnesses=["cccccccccccccccc@10.0.9.1:7471"]
+        ),
+        "rack.toml",
+    )
+    check_settings(
+        settings(peers=["bbbbbbbbbbbbbbbb@10.0.0.2:7471"], accept_split_brain_risk=True),
+        "rack.toml",
+    )
 
 
 def test_an_acceptor_listed_twice_is_refused():
     with pytest.raises(ConfigError, match="each acceptor listed once"):
-        check_settings(settings(peers=["a:1"], witnesses=["a:1"]), "rack.toml")
+        check_settings(
+            settings(peers=["dddddddddddddddd@a:1"], witnesses=["dddddddddddddddd@b:1"]),
+            "rack.toml",
+        )
 
 
 def test_a_vip_needs_its_interface():
@@ -66,3 +77,8 @@ def test_a_vip_needs_its_interface():
 )  # fmt: skip
 def test_quorum_is_a_majority_except_for_the_opted_in_pair(acceptors, opt_in, expected):
     assert quorum(acceptors, opt_in) == expected
+
+
+def test_a_peer_without_its_node_id_is_refused_with_the_form_expected():
+    with pytest.raises(ConfigError, match=r"ha.peers\[0\]: expected 'NODE-ID@host:port'"):
+        settings(peers=["10.0.0.2:7471"], witnesses=["cccccccccccccccc@10.0.9.1:7471"])
