@@ -38,6 +38,14 @@ def render_status(status: dict[str, Any]) -> str:
             f"quorum {election.get('quorum')}/{election.get('acceptors')}  "
             f"last refusal {election.get('last_refusal') or '-'}"
         )
+    membership = election.get("membership") or {}
+    if membership.get("blocked"):
+        lines.append(
+            f"  membership {membership['digest']}: {membership['blocked']} ("
+            + ", ".join(f"{peer} {digest or 'not seen'}"
+                        for peer, digest in membership.get("peers", {}).items())
+            + ")"
+        )  # fmt: skip
     if status.get("vip"):
         vip = status["vip"]
         lines.append(f"  vip {vip['address']} on {vip['interface']}: "

@@ -47,6 +47,7 @@ SANS_IO = [
     "appliance.cluster.peers",
     "appliance.cluster.schema",
     "appliance.ha.schema",
+    "appliance.ha.membership",
     "appliance.ha.messages",
     "appliance.ha.acceptor",
     "appliance.ha.proposer",
