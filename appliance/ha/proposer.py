@@ -268,8 +268,13 @@ class Proposer(LeaseTimes):
                 self._end_if_doomed(now)
 
     def _handover(self, sender: str, message: Handover, now: float) -> None:
-        """Release for a fresh request naming our rack and the epoch we hold, nothing else."""
-        if message.req <= self._handovers_seen.get(sender, -1) or message.group != self.group:
+        """Release for a fresh request from one of the rack's appliances naming our rack and
+        the epoch we hold, nothing else."""
+        if (
+            sender not in self.members.peers
+            or message.req <= self._handovers_seen.get(sender, -1)
+            or message.group != self.group
+        ):
             return
         self._handovers_seen[sender] = message.req
         if self.holding(now) and message.epoch == self.epoch:

@@ -312,6 +312,9 @@ def test_a_handover_is_taken_once_and_only_for_our_rack_and_the_epoch_we_hold():
     for stale in (Handover("rack2", 1, proposer.epoch), Handover("rack1", 2, proposer.epoch + 1)):
         proposer.receive(other, stale, net.now)
         assert proposer.holding(net.now)
+    # a member of the cluster that is not an appliance of this rack (the witness, say)
+    proposer.receive("w", Handover("rack1", 3, proposer.epoch), net.now)
+    assert proposer.holding(net.now)
     net.nodes[other].promote(net.now)
     (captured,) = {m for _, m in net.nodes[other]._out if isinstance(m, Handover)}
     net._flush(other)
