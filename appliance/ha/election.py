@@ -72,9 +72,10 @@ class Election:
         self.confirmed = confirmed == self.members.digest
         self.seen: dict[str, str] = {}  # peer appliance -> the membership digest it last sent
         self._confirm: str | None = None
+        self.settled_at = 0.0  # a newly confirmed membership takes no lease before this
         self.notices: deque[str] = deque(maxlen=16)  # for the log: membership disagreements
         self._out: deque[tuple[str, Message]] = deque()
-        self._judge()
+        self._judge(now)
 
     # -- shell interface ----------------------------------------------------------
 
@@ -89,7 +90,7 @@ class Election:
                     "their [ha] peers and witnesses agree"
                 )  # fmt: skip
             self.seen[sender] = message.members
-            self._judge()
+        self._judge(now)
         if isinstance(message, REQUESTS):
             answer = self.acceptor.handle(sender, message, now)
             if answer is not None:
@@ -104,6 +105,7 @@ class Election:
         return self.proposer.get_timer()
 
     def handle_timer(self, now: float) -> None:
+        self._judge(now)
         self.proposer.handle_timer(now)
         self._pump(now)
 
@@ -168,22 +170,31 @@ class Election:
             "membership": membership,
         }  # fmt: skip
 
-    def _judge(self) -> None:
+    def _judge(self, now: float) -> None:
         """May this node take the lease, as far as membership goes? Not while a peer
         appliance was last seen with another membership (``mismatch``), nor with a
         membership no peer has confirmed yet (``unconfirmed``): a new or changed
         configuration must first be seen on every other appliance of the rack, so two
-        disagreeing configurations never elect by disjoint majorities, partitioned or not."""
+        disagreeing configurations never elect by disjoint majorities, partitioned or not.
+        Once confirmed, not for one more restart wait (``settling``): a grant of the old
+        configuration may still run at acceptors the new one does not ask, and it ends
+        at most that long after the last old-configuration process died."""
         digest = self.members.digest
         if any(seen != digest for seen in self.seen.values()):
             self.proposer.blocked = "mismatch"
-        elif self.confirmed:
-            self.proposer.blocked = ""
-        elif all(self.seen.get(peer) == digest for peer in self.members.peers):
+        elif not self.confirmed and all(self.seen.get(p) == digest for p in self.members.peers):
             self.confirmed, self._confirm = True, digest
-            self.proposer.blocked = ""
-        else:
+            self.settled_at = now + self.acceptor.restart_wait
+        if self.proposer.blocked == "mismatch" and any(
+            seen != digest for seen in self.seen.values()
+        ):
+            return
+        if not self.confirmed:
             self.proposer.blocked = "unconfirmed"
+        elif now < self.settled_at:
+            self.proposer.blocked = "settling"
+        else:
+            self.proposer.blocked = ""
 
     # -- internals ----------------------------------------------------------------
 

@@ -61,21 +61,38 @@ def deterministic_scheduler(seed: int):
 
 
 def run_seed(
-    seed: int, *, duration: float = 16.0, timing: Timing = SIM_TIMING, trace=False
+    seed: int,
+    *,
+    duration: float = 16.0,
+    timing: Timing = SIM_TIMING,
+    trace=False,
+    reconfigure: bool = False,
 ) -> Result:
+    """``reconfigure``: racks with two witnesses whose appliances list one of them, and
+    an operator who swaps it (restarting the appliance) on one appliance at a time."""
     with deterministic_scheduler(seed):
         return trio.run(
-            _run, seed, duration, timing, trace, clock=trio.testing.MockClock(autojump_threshold=0)
-        )
+            _run, seed, duration, timing, trace, reconfigure,
+            clock=trio.testing.MockClock(autojump_threshold=0),
+        )  # fmt: skip
 
 
-async def _run(seed: int, duration: float, timing: Timing, keep_trace: bool) -> Result:
+async def _run(
+    seed: int, duration: float, timing: Timing, keep_trace: bool, reconfigure: bool
+) -> Result:
     pick = random.Random(seed ^ 0x5EED)
-    appliances, witnesses = pick.choice([(2, 1), (2, 1), (3, 0), (2, 2), (3, 1), (3, 2)])
+    layouts = [(2, 2)] if reconfigure else [(2, 1), (2, 1), (3, 0), (2, 2), (3, 1), (3, 2)]
+    appliances, witnesses = pick.choice(layouts)
     world = World(
         seed, appliances=appliances, witnesses=witnesses, timing=timing,
         drift=timing.max_clock_rate_error,
     )  # fmt: skip
+    world.reconfigure = reconfigure
+    if reconfigure:  # half the racks start misconfigured: the last appliance lists w1
+        for name in world.names:
+            world.processes[name].listed_witnesses = world.witnesses[:1]
+        if pick.random() < 0.5:
+            world.processes[world.names[-1]].listed_witnesses = world.witnesses[1:2]
     if keep_trace:
         world.trace = []
     faults = 0
@@ -111,10 +128,29 @@ def _fault(world: World, rng, nursery: trio.Nursery) -> None:
         process = world.processes[holders[0]]
     faults = world.network.faults
     kind = rng.choices(
-        ["kill", "restart", "pause", "partition", "one-way", "loss", "duplicate", "delay", "heal"],
-        weights=[3, 3, 4, 3, 2, 2, 1, 2, 2],
-    )[0]
-    if kind == "kill" and process.alive:
+        ["kill", "restart", "pause", "partition", "one-way", "loss", "duplicate", "delay", "heal",
+         "reconfigure", "promote"],
+        # with reconfigurations, partitions between appliances whose configurations
+        # differ are what a membership check by count gets wrong
+        weights=[3, 3, 4, 8, 2, 2, 1, 2, 2, 4, 4] if world.reconfigure
+        else [3, 3, 4, 3, 2, 2, 1, 2, 2, 0, 0],
+    )[0]  # fmt: skip
+    if kind == "promote":  # an operator asks a standby to take over (a hand-over)
+        standby = world.processes[rng.choice(world.names)]
+        if standby.alive and not standby.active and standby.runner is not None:
+            standby.runner.election.promote(standby.clock.now())
+            standby.runner.poke()
+            process = standby
+    elif kind == "reconfigure":
+        # the operator swaps the witness one appliance lists, and restarts it
+        appliance = world.processes[rng.choice(world.names)]
+        listed = appliance.listed_witnesses or world.witnesses
+        appliance.listed_witnesses = [w for w in world.witnesses if w not in listed][:1] or listed
+        if appliance.alive:
+            appliance.kill()
+        nursery.start_soon(_restart_later, appliance, rng.uniform(0.0, 1.5), nursery)
+        process = appliance
+    elif kind == "kill" and process.alive:
         process.kill()
     elif kind == "restart":
         if process.alive:
@@ -155,6 +191,13 @@ async def _resume_later(process, after: float, nursery: trio.Nursery) -> None:
 
 def _heal(world: World, nursery: trio.Nursery) -> None:
     world.network.faults = Faults()
+    if world.reconfigure:  # the rollout is finished: every appliance lists the first's witness
+        final = world.processes[world.names[0]].listed_witnesses
+        for name in world.names[1:]:
+            process = world.processes[name]
+            if process.listed_witnesses != final:
+                process.listed_witnesses = final
+                process.kill()
     for process in world.processes.values():
         if process.paused_at is not None:
             process.resume(nursery)

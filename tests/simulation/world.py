@@ -102,6 +102,7 @@ class Process:
         self.clock = DriftClock(rate, world.rng.uniform(0, 1000))
         self.disk_epoch = 0  # appliances persist the highest accepted epoch
         self.disk_confirmed = ""  # and the membership every peer was seen to share
+        self.listed_witnesses: list[str] | None = None  # its [ha] witnesses, if not the world's
         self.fence = Fence(self.clock.now)
         self.active = False  # the role the shell gives the node
         self.scope: trio.CancelScope | None = None
@@ -143,7 +144,8 @@ class Process:
             else:
                 election = Election(
                     self.name, "rack", world.timing, peers=world.peers_of(self.name),
-                    witnesses=world.witnesses, now=now, known_epoch=self.disk_epoch,
+                    witnesses=self.listed_witnesses or world.witnesses, now=now,
+                    known_epoch=self.disk_epoch,
                     confirmed=self.disk_confirmed,
                     incarnation=self.incarnation, rng=random.Random(world.rng.random()),
                 )  # fmt: skip
@@ -232,6 +234,7 @@ class World:
         }
         self._digest = hashlib.sha256()
         self.trace: list[str] | None = None  # set to a list to keep the text too
+        self.reconfigure = False  # appliances' witnesses change between restarts
 
     def peers_of(self, name: str) -> list[str]:
         return [n for n in self.names if n != name]
