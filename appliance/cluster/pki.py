@@ -211,7 +211,7 @@ def cert_from_der_untrusted(der: bytes) -> x509.Certificate:
         raise CertificateRefused(f"certificate larger than {MAX_CERT_BYTES} bytes")
     try:
         return x509.load_der_x509_certificate(der)
-    except ValueError as exc:
+    except Exception as exc:  # ValueError mostly; InvalidVersion and others too
         raise CertificateRefused(f"malformed certificate: {exc}") from None
 
 
@@ -226,8 +226,21 @@ def check_node_cert_untrusted(
     TLS already checked the chain when the peer connected; this repeats the
     check on the exact bytes (a tampered certificate fails its signature),
     then applies what TLS does not know: the node URI of *our* cluster and
-    the revocation list.
+    the revocation list. cryptography parses a certificate's parts lazily and
+    raises many types (ValueError, InvalidVersion, UnsupportedAlgorithm, ...)
+    from attribute access: every one of them is a refusal here.
     """
+    try:
+        return _check_node_cert(der, ca, revoked, now)
+    except CertificateRefused:
+        raise
+    except Exception as exc:  # lazily parsed bytes of a stranger: any failure is a refusal
+        raise CertificateRefused(f"malformed certificate ({type(exc).__name__})") from None
+
+
+def _check_node_cert(
+    der: bytes, ca: x509.Certificate, revoked: frozenset[int], now: dt.datetime
+) -> NodeIdentity:
     cert = cert_from_der_untrusted(der)
     cluster_id = ca_cluster_id(ca)
     if cert.issuer != ca.subject:
@@ -257,7 +270,10 @@ def check_node_cert_untrusted(
         raise CertificateRefused(
             f"certificate is for cluster {cert_cluster}, we are cluster {cluster_id}"
         )
-    if node_id != public_id(cert.public_key()):  # type: ignore[arg-type]
+    key = cert.public_key()
+    if not isinstance(key, Ed25519PublicKey):
+        raise CertificateRefused(f"certificate key is {type(key).__name__}, not Ed25519")
+    if node_id != public_id(key):
         raise CertificateRefused("certificate node id does not match its key")
     if cert.serial_number in revoked:
         raise CertificateRefused(

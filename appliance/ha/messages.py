@@ -130,7 +130,13 @@ _FIELDS = {
 
 
 class BadMessage(Exception):
-    """Bytes that are not an election message; counted and dropped by the shell."""
+    """Bytes that are not an election message; counted and dropped by the shell under
+    ``kind``: ``malformed`` (not a signed datagram), ``certificate``, ``signature``,
+    ``message`` (signed, but not a valid message), ``rate-limited``."""
+
+    def __init__(self, text: str, kind: str = "message") -> None:
+        super().__init__(text)
+        self.kind = kind
 
 
 def encode(message: Message) -> bytes:

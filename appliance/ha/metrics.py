@@ -3,7 +3,7 @@
 Role, epoch, validity left, transitions, and the election's refusals: those
 this node's acceptor gave (by reason), requests it ignored as duplicates or
 replays (by type), and why this node's own last round failed is in status.
-Datagrams the transport dropped are the transport's own metrics.
+and the datagrams the transport dropped, by reason.
 """
 
 from __future__ import annotations
@@ -62,3 +62,11 @@ class HaCollector(Collector):
         for kind, n in sorted(acceptor.get("ignored", {}).items()):
             ignored.add_metric([kind], n)
         yield ignored
+        dropped = CounterMetricFamily(
+            "rackboot_ha_datagrams_dropped",
+            "Election datagrams dropped at the trust boundary, by reason.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(((status.get("transport") or {}).get("dropped") or {}).items()):
+            dropped.add_metric([reason], n)
+        yield dropped

@@ -196,7 +196,10 @@ class HaService:
             split_brain_opt_in=settings[SPLIT_BRAIN_OPT_IN], maintenance=settings.maintenance,
             restart_wait=restart_wait, confirmed=durable.members,
         )  # fmt: skip
-        self.transport = UdpTransport(identity, str(settings.listen), settings.port)
+        self.transport = UdpTransport(
+            identity, str(settings.listen), settings.port,
+            revoked=lambda: self.node.cluster.identity.revocations.serials,
+        )  # fmt: skip
         await self.transport.bind([*peers.values(), *witnesses.values()])
         self.runner = ElectionRunner(
             self.election, self.transport.send, clock=TrioClock(),
@@ -352,7 +355,10 @@ class HaService:
         if machine is not None:
             out["election"] = machine.status(now)
         if self.transport is not None:
-            out["transport"] = {"port": self.transport.port, **self.transport.counters}
+            out["transport"] = {
+                "port": self.transport.port, **self.transport.counters,
+                "dropped": dict(self.transport.dropped),
+            }  # fmt: skip
         if self.vip is not None:
             out["vip"] = {
                 "address": self.settings.vip, "interface": self.settings.vip_interface,

@@ -67,6 +67,7 @@ class Witness:
             "port": self.transport.port,
             "racks": self.acceptors.status(trio.current_time()),
             **self.transport.counters,
+            "dropped": dict(self.transport.dropped),
         }
 
 
