@@ -185,3 +185,17 @@ def test_unknown_certificates_are_verified_within_a_rate_per_source(members, mon
     transport._open(sealed(members["b"]), ("10.0.0.8", 1), deliver)
     assert len(deliveries) == 1
     print(f"{(time.process_time() - started) / 2001 * 1e6:.1f} us of CPU per junk datagram")
+
+
+def test_a_member_revoked_while_running_is_refused_from_that_moment(members):
+    """The revocation list used to be read once at start and never applied."""
+    revoked: frozenset[int] = frozenset()
+    deliveries: list = []
+    transport = UdpTransport(members["a"], "127.0.0.1", 0, revoked=lambda: revoked)
+    deliver = lambda sender, address, message: deliveries.append(sender)  # noqa: E731
+    datagram = sealed(members["b"])
+    transport._open(datagram, SOURCE, deliver)
+    assert deliveries == [members["b"].node_id]  # known and cached now
+    revoked = frozenset({members["b"].cert.serial_number})
+    transport._open(datagram, SOURCE, deliver)
+    assert deliveries == [members["b"].node_id] and transport.dropped["certificate"] == 1
