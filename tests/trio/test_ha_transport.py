@@ -187,7 +187,7 @@ def test_unknown_certificates_are_verified_within_a_rate_per_source(members, mon
     print(f"{(time.process_time() - started) / 2001 * 1e6:.1f} us of CPU per junk datagram")
 
 
-def test_a_member_revoked_while_running_is_refused_from_that_moment(members):
+async def test_a_member_revoked_while_running_is_refused_from_that_moment(members):
     """The revocation list used to be read once at start and never applied."""
     revoked: frozenset[int] = frozenset()
     deliveries: list = []
