@@ -59,6 +59,9 @@ class DhcpPlugin:
             )
             return []
         server = DhcpServer(self.server_config, policy=_HookPolicy(self.pm))
+        # Dynamic answers only once the node is active: a standalone node becomes active
+        # when every service is ready, an HA node when it holds the rack's lease.
+        server.active = node.role is Role.ACTIVE
         store = LeaseStore(node.plugin_dir("dhcp") / "leases.journal")
         server.leases = store.table
         self.service = DhcpService(

@@ -130,23 +130,31 @@ class DhcpService:
             self._start_probe(data, arrival, outcome.probe)
         elif outcome.commits:
             commits, replies, fenced = outcome.commits, outcome.replies, self.server.active
+            if fenced and not self.fence():
+                # decided while active, but the lease is gone: nothing is journaled
+                self.metrics.count(Outcome(dropped="fenced"), received=False)
+                return
             self.store.commit(commits, lambda: self._durable(commits, replies, fenced))
         else:
             self._send(outcome.replies, self.server.active)
 
     def _durable(self, commits: list[Lease], replies: list[Reply], fenced: bool) -> None:
-        self._send(replies, fenced)
+        if not self._send(replies, fenced):
+            # The fence closed during the group commit: the record is on disk but no ACK
+            # went out, so no lease is announced; the client retries at the new active.
+            return
         for lease in commits:
             try:
                 self.events(lease)
             except Exception as exc:  # a listener's bug must not stop the server
                 log.error("lease event hook failed", error=f"{type(exc).__name__}: {exc}")
 
-    def _send(self, replies: list[Reply], fenced: bool = False) -> None:
-        """``fenced``: decided while active, so sent only while the lease still holds."""
+    def _send(self, replies: list[Reply], fenced: bool = False) -> bool:
+        """``fenced``: decided while active, so sent only while the lease still holds.
+        False when the fence refused."""
         if fenced and replies and not self.fence():
             self.metrics.count(Outcome(dropped="fenced"), received=False)
-            return
+            return False
         for reply in replies:
             sock = self.sockets[reply.interface]
             address = reply.address
@@ -160,6 +168,7 @@ class DhcpService:
                 self.metrics.send_failed(exc)
                 continue
             self.metrics.sent(reply.kind)
+        return True
 
     def _set_arp(self, sock: socket.socket, interface: str, address: str, hwaddr: bytes) -> bool:
         """Make ``address`` resolve to ``hwaddr``; False: broadcast this reply instead."""

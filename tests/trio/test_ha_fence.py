@@ -84,3 +84,63 @@ async def test_tftp_requests_to_the_vip_are_served_only_under_the_lease(tmp_path
             fence.grant(trio.current_time() + 5)
             assert (await ask(port))[:4] == b"\x00\x03\x00\x01"  # DATA block 1
             nursery.cancel_scope.cancel()
+
+
+async def test_a_fence_closed_during_the_group_commit_sends_no_ack_and_announces_nothing(
+    tmp_path,
+):
+    """A lease made durable while the fence closed: no ACK, no dhcp_lease_committed."""
+    from plugins.dhcp.options import MessageType as T
+
+    fence = Fence(trio.current_time)
+    service, sock, registry = dhcp(tmp_path, fence)
+    service.store.load()
+    events: list = []
+    service.events = events.append
+    fence.grant(trio.current_time() + 5)
+    discover(service, mac(4))
+    offer = sock.sent[-1][0]
+    yiaddr = ".".join(str(b) for b in offer[16:20])
+    request = message(T.REQUEST, mac(4), requested=ip(yiaddr), server_id=ON_LINK.local)
+    service._dispatch(request, ON_LINK, service.server.handle(request, ON_LINK, NOW))
+    fence.revoke()  # the lease is lost while the record is being made durable
+    assert service.store.committer.pending == 1
+    await service.store.committer.flush()  # durable now; the ACK meets a closed fence
+    assert len(sock.sent) == 1 and events == []  # the OFFER only
+    assert registry.get_sample_value("rackboot_dhcp_dropped_total", {"reason": "fenced"}) == 1
+
+
+async def test_a_decision_made_while_active_is_not_journaled_after_the_fence_closed(tmp_path):
+    from plugins.dhcp.options import MessageType as T
+
+    fence = Fence(trio.current_time)
+    service, sock, _ = dhcp(tmp_path, fence)
+    fence.grant(trio.current_time() + 5)
+    discover(service, mac(5))
+    yiaddr = ".".join(str(b) for b in sock.sent[-1][0][16:20])
+    request = message(T.REQUEST, mac(5), requested=ip(yiaddr), server_id=ON_LINK.local)
+    outcome = service.server.handle(request, ON_LINK, NOW)  # decided while active
+    assert outcome.commits
+    fence.revoke()
+    service._dispatch(request, ON_LINK, outcome)
+    assert service.store.committer.pending == 0 and len(sock.sent) == 1
+
+
+async def test_dhcp_starts_inactive_until_the_node_is_active(tmp_path):
+    """It started active: a fresh HA standby journaled and announced ACKs it never sent."""
+    from appliance.api import Role
+    from appliance.node import Node
+    from plugins.dhcp.plugin import DhcpPlugin
+    from tests.support.plugins import configured
+
+    plugin = DhcpPlugin()
+    config, pm = configured(tmp_path, {}, dhcp=plugin)
+    node = Node(config, pm)
+    node.data_dir.mkdir(parents=True)
+    assert node.role is Role.STANDBY
+    (service,) = plugin.rackboot_services(node=node)
+    assert plugin.service.server.active is False
+    node.set_role(Role.ACTIVE)
+    assert plugin.service.server.active is True
+    node.set_role(Role.STANDBY)
+    assert plugin.service.server.active is False
