@@ -39,34 +39,18 @@ class HaCollector(Collector):
             "Seconds of lease validity left (+Inf for a standalone node, 0 when not held).",
             value=float("inf") if valid_for is None else valid_for,
         )
-        transitions = CounterMetricFamily(
-            "rackboot_ha_transitions", "Leases acquired and lost.", labels=["kind"]
-        )
-        for kind, n in sorted(status.get("transitions", {}).items()):
-            transitions.add_metric([kind], n)
-        yield transitions
         acceptor = (status.get("election") or {}).get("acceptor") or {}
-        refusals = CounterMetricFamily(
-            "rackboot_ha_refusals",
-            "Requests this node's acceptor refused, by reason.",
-            labels=["reason"],
-        )
-        for reason, n in sorted(acceptor.get("refusals", {}).items()):
-            refusals.add_metric([reason], n)
-        yield refusals
-        ignored = CounterMetricFamily(
-            "rackboot_ha_ignored",
-            "Requests this node's acceptor ignored as duplicates or replays, by type.",
-            labels=["type"],
-        )
-        for kind, n in sorted(acceptor.get("ignored", {}).items()):
-            ignored.add_metric([kind], n)
-        yield ignored
-        dropped = CounterMetricFamily(
-            "rackboot_ha_datagrams_dropped",
-            "Election datagrams dropped at the trust boundary, by reason.",
-            labels=["reason"],
-        )
-        for reason, n in sorted(((status.get("transport") or {}).get("dropped") or {}).items()):
-            dropped.add_metric([reason], n)
-        yield dropped
+        transport = status.get("transport") or {}
+        for name, doc, label, counts in (
+            ("transitions", "Leases acquired and lost.", "kind", status.get("transitions")),
+            ("refusals", "Requests this node's acceptor refused, by reason.", "reason",
+             acceptor.get("refusals")),
+            ("ignored", "Requests this node's acceptor ignored as duplicates or replays, by type.",
+             "type", acceptor.get("ignored")),
+            ("datagrams_dropped", "Election datagrams dropped at the trust boundary, by reason.",
+             "reason", transport.get("dropped")),
+        ):  # fmt: skip
+            family = CounterMetricFamily(f"rackboot_ha_{name}", doc, labels=[label])
+            for key, n in sorted((counts or {}).items()):
+                family.add_metric([key], n)
+            yield family
