@@ -4,7 +4,9 @@
 * epochs only rise: each new holder's epoch is above every epoch granted
   before, and a holder renews with its own;
 * no outward effect after validity (an effect is a holder's act through the fence);
-* a node back from a pause past its lease steps down before doing anything else.
+* a node back from a pause past its lease steps down before doing anything else;
+* an acceptor accepts a round's proposal at most once per life (an adversary replays
+  captured frames throughout).
 
 A holder's validity is recorded in true time, converted from its own clock;
 it stays recorded when the process dies (the acceptors' grants still run).
@@ -39,6 +41,7 @@ class Checker:
         self.stale_resumes = 0  # holders resumed after a pause past their lease
         self.last_holder = ""
         self.violations: list[str] = []
+        self._accepted: set[tuple[str, int, str, int]] = set()  # acceptor, life, proposer, round
 
     def fail(self, text: str) -> None:
         line = f"t={trio.current_time():.6f} {text}"
@@ -70,6 +73,13 @@ class Checker:
             self.fail(f"{process.name} granted a lease already over")
         self.max_epoch = max(self.max_epoch, epoch)
         self.holdings[process.name] = Holding(epoch, until)
+
+    def accepted(self, process, proposer: str, req: int) -> None:
+        """An acceptor accepts a round's proposal once per life: a replay is not a vote."""
+        key = (process.name, process.incarnation, proposer, req)
+        if key in self._accepted:
+            self.fail(f"{process.name} accepted {proposer}'s proposal of round {req} twice")
+        self._accepted.add(key)
 
     def lost(self, process) -> None:
         mine = self.holdings.get(process.name)

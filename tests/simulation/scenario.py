@@ -98,6 +98,7 @@ async def _run(
     faults = 0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(world.network.run)
+        nursery.start_soon(world.network.adversary)
         for process in world.processes.values():
             process.start(nursery)
         rng = world.rng

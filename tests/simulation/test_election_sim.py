@@ -11,6 +11,7 @@ import os
 
 import appliance.ha.acceptor as acceptor_module
 from appliance.ha.fence import Fence
+from appliance.ha.schema import Timing
 from tests.simulation.scenario import run_seed, summary
 
 SEEDS = int(os.environ.get("RACKBOOT_SIM_SEEDS", "200"))
@@ -53,3 +54,28 @@ def test_the_checker_catches_an_effect_without_the_fence(monkeypatch):
     monkeypatch.setattr(Fence, "ok", lambda self: True)
     caught = [r.seed for r in map(run_seed, range(10)) if not r.ok]
     assert caught, "no seed of 10 caught an effect after validity"
+
+
+def first_failing(**kwargs) -> int | None:
+    return next((s for s in range(SEEDS) if not run_seed(s, **kwargs).ok), None)
+
+
+def test_the_checker_catches_a_replayed_propose_accepted_again(monkeypatch):
+    """The adversary replays captured frames: an acceptor that takes a round's proposal
+    again (the old rule) votes twice for one round, and a dead holder's grant lives on."""
+    from appliance.ha.messages import Propose
+
+    real = acceptor_module.Acceptor._fresh
+
+    def twice(self, sender, message):
+        if isinstance(message, Propose):
+            return message.req == self._last_req.get(sender, -1)
+        return real(self, sender, message)
+
+    monkeypatch.setattr(acceptor_module.Acceptor, "_fresh", twice)
+    assert first_failing() is not None
+
+
+def test_the_checker_catches_a_margin_of_zero_with_five_percent_drift():
+    timing = Timing(lease=1.0, renew=0.25, margin=0.0, max_clock_rate_error=0.05)
+    assert first_failing(timing=timing) is not None, f"none of {SEEDS} seeds caught margin 0"

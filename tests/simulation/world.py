@@ -22,10 +22,14 @@ import trio.testing
 
 from appliance.ha.election import AcceptorSet, Election
 from appliance.ha.fence import Fence
+from appliance.ha.messages import Accepted
 from appliance.ha.proposer import Acquired, Lost, Renewed
 from appliance.ha.runner import ElectionRunner, WitnessRunner
 from appliance.ha.schema import Timing
 from tests.simulation.checker import Checker
+
+ADVERSARY = "adversary"  # the replaying box's address
+MAX_RECORDED = 200
 
 
 @dataclass
@@ -64,9 +68,15 @@ class Network:
         self._seq = itertools.count()
         self._wake = trio.Event()
         self.sent = self.lost = 0
+        self.recorded: list[tuple[str, object]] = []  # what the adversary captured
+        self.replayed = 0
 
     def send(self, src: str, dst: str, message) -> None:
         self.sent += 1
+        if isinstance(message, Accepted) and message.ok:
+            self.world.checker.accepted(self.world.processes[src], message.promised_by, message.req)
+        if len(self.recorded) < MAX_RECORDED and self.rng.random() < 0.2:
+            self.recorded.append((src, message))
         faults = self.faults
         if (src, dst) in faults.cut or self.rng.random() < faults.drop:
             self.lost += 1
@@ -90,6 +100,21 @@ class Network:
             self._wake = trio.Event()
             with trio.move_on_at(self._heap[0][0] if self._heap else math.inf):
                 await self._wake.wait()
+
+    async def adversary(self) -> None:
+        """A box on the network that replays captured frames, signatures intact, to any
+        node; the answers go to its own address, where nobody listens."""
+        while True:
+            await trio.sleep(self.rng.uniform(0.05, 0.5))
+            if not self.recorded:
+                continue
+            src, message = self.rng.choice(self.recorded)
+            dst = self.rng.choice(sorted(self.world.processes))
+            runner = self.endpoints.get(dst)
+            if runner is not None and dst != src:
+                self.replayed += 1
+                self.world.note(f"replay {src}>{dst} {message.TYPE} {message.req}")
+                runner.deliver(src, ADVERSARY, message)
 
 
 class Process:
