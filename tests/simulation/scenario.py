@@ -20,11 +20,14 @@ import trio
 import trio._core._run as trio_run
 import trio.testing
 
-from appliance.ha.schema import Timing
+from appliance.ha.schema import MIN_MARGIN, Timing
 from tests.simulation.world import Faults, World
 
 HEAL = 5.0
 SIM_TIMING = Timing(lease=1.0, renew=0.25, margin=0.15, max_clock_rate_error=0.05)
+# The margin at its legal minimum for that drift (appliance/ha/schema.py check_timing).
+MARGIN_BOUND = Timing(lease=1.0, renew=0.25, margin=2 * 0.05 * 1.0 + MIN_MARGIN,
+                      max_clock_rate_error=0.05)  # fmt: skip
 
 
 @dataclass
@@ -67,25 +70,31 @@ def run_seed(
     timing: Timing = SIM_TIMING,
     trace=False,
     reconfigure: bool = False,
+    extreme_rates: bool = False,
 ) -> Result:
     """``reconfigure``: racks with two witnesses whose appliances list one of them, and
     an operator who swaps it (restarting the appliance) on one appliance at a time."""
     with deterministic_scheduler(seed):
         return trio.run(
-            _run, seed, duration, timing, trace, reconfigure,
+            _run, seed, duration, timing, trace, reconfigure, extreme_rates,
             clock=trio.testing.MockClock(autojump_threshold=0),
         )  # fmt: skip
 
 
 async def _run(
-    seed: int, duration: float, timing: Timing, keep_trace: bool, reconfigure: bool
+    seed: int,
+    duration: float,
+    timing: Timing,
+    keep_trace: bool,
+    reconfigure: bool,
+    extreme_rates: bool,
 ) -> Result:
     pick = random.Random(seed ^ 0x5EED)
     layouts = [(2, 2)] if reconfigure else [(2, 1), (2, 1), (3, 0), (2, 2), (3, 1), (3, 2)]
     appliances, witnesses = pick.choice(layouts)
     world = World(
         seed, appliances=appliances, witnesses=witnesses, timing=timing,
-        drift=timing.max_clock_rate_error,
+        drift=timing.max_clock_rate_error, extreme_rates=extreme_rates,
     )  # fmt: skip
     world.reconfigure = reconfigure
     if reconfigure:  # half the racks start misconfigured: the last appliance lists w1
@@ -130,11 +139,11 @@ def _fault(world: World, rng, nursery: trio.Nursery) -> None:
     faults = world.network.faults
     kind = rng.choices(
         ["kill", "restart", "pause", "partition", "one-way", "loss", "duplicate", "delay", "heal",
-         "reconfigure", "promote"],
+         "reconfigure", "promote", "slow-link"],
         # with reconfigurations, partitions between appliances whose configurations
         # differ are what a membership check by count gets wrong
-        weights=[3, 3, 4, 8, 2, 2, 1, 2, 2, 4, 4] if world.reconfigure
-        else [3, 3, 4, 3, 2, 2, 1, 2, 2, 0, 0],
+        weights=[3, 3, 4, 8, 2, 2, 1, 2, 2, 4, 4, 2] if world.reconfigure
+        else [3, 3, 4, 3, 2, 2, 1, 2, 2, 0, 0, 3],
     )[0]  # fmt: skip
     if kind == "promote":  # an operator asks a standby to take over (a hand-over)
         standby = world.processes[rng.choice(world.names)]
@@ -173,8 +182,17 @@ def _fault(world: World, rng, nursery: trio.Nursery) -> None:
     elif kind == "delay":
         high = rng.choice([0.002, 0.02, 0.1, 0.3])
         faults.delay = (high / 10, high)
+    elif kind == "slow-link":
+        # everything arriving at one node late, near the round timeout (a congested
+        # queue): answers that come back late are what validity counted from the grant,
+        # rather than from the round's start, gets wrong
+        delay = rng.uniform(0.25, 0.5) * world.timing.round_timeout  # the round still fits
+        for other in names:
+            if other != process.name:
+                faults.slow[(other, process.name)] = delay
     elif kind == "heal":
         faults.cut.clear()
+        faults.slow.clear()
     world.note(f"fault {kind} {process.name} cut={sorted(faults.cut)} drop={faults.drop}")
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 
 import appliance.ha.acceptor as acceptor_module
+import appliance.ha.proposer as proposer_module
 from appliance.ha.fence import Fence
 from appliance.ha.schema import Timing
-from tests.simulation.scenario import run_seed, summary
+from tests.simulation.scenario import MARGIN_BOUND, run_seed, summary
 
 SEEDS = int(os.environ.get("RACKBOOT_SIM_SEEDS", "200"))
 
@@ -79,3 +80,25 @@ def test_the_checker_catches_a_replayed_propose_accepted_again(monkeypatch):
 def test_the_checker_catches_a_margin_of_zero_with_five_percent_drift():
     timing = Timing(lease=1.0, renew=0.25, margin=0.0, max_clock_rate_error=0.05)
     assert first_failing(timing=timing) is not None, f"none of {SEEDS} seeds caught margin 0"
+
+
+def test_adversarial_timing_keeps_the_invariants():
+    """The margin at its legal minimum, every clock at a bound of the allowed rate error,
+    and slow queues near the round timeout."""
+    results = [run_seed(s, timing=MARGIN_BOUND, extreme_rates=True) for s in range(SEEDS)]
+    report = summary(results)
+    assert all(r.ok for r in results), report
+
+
+def test_the_checker_catches_validity_counted_from_the_grant(monkeypatch):
+    """The holder's lease must count from the round's start, before it asked: counted from
+    the grant, a late answer stretches it past the acceptors' timers."""
+    real = proposer_module.Proposer._granted
+
+    def from_grant(self, now):
+        if self.round is not None:
+            self.round.start = now
+        real(self, now)
+
+    monkeypatch.setattr(proposer_module.Proposer, "_granted", from_grant)
+    assert first_failing(timing=MARGIN_BOUND, extreme_rates=True) is not None

@@ -52,6 +52,7 @@ class Faults:
     duplicate: float = 0.0
     delay: tuple[float, float] = (0.0002, 0.002)
     cut: set[tuple[str, str]] = field(default_factory=set)  # (from, to): everything lost
+    slow: dict[tuple[str, str], float] = field(default_factory=dict)  # (from, to): extra delay
 
 
 class Network:
@@ -83,7 +84,11 @@ class Network:
             return
         copies = 2 if self.rng.random() < faults.duplicate else 1
         for _ in range(copies):
-            at = trio.current_time() + self.rng.uniform(*faults.delay)
+            at = (
+                trio.current_time()
+                + self.rng.uniform(*faults.delay)
+                + faults.slow.get((src, dst), 0.0)
+            )
             heapq.heappush(self._heap, (at, next(self._seq), src, dst, message))
         self._wake.set()
 
@@ -242,8 +247,17 @@ class Process:
 
 class World:
     def __init__(
-        self, seed: int, *, appliances: int, witnesses: int, timing: Timing, drift: float
+        self,
+        seed: int,
+        *,
+        appliances: int,
+        witnesses: int,
+        timing: Timing,
+        drift: float,
+        extreme_rates: bool = False,
     ) -> None:
+        """``extreme_rates``: every clock runs at a bound of the allowed error (1 - drift
+        or 1 + drift), not anywhere within it: the adversarial timing set."""
         self.seed = seed
         self.rng = random.Random(seed)
         self.timing = timing
@@ -253,7 +267,12 @@ class World:
         self.checker = Checker(self)
         self.processes = {
             name: Process(
-                self, name, name in self.witnesses, self.rng.uniform(1 - drift, 1 + drift)
+                self,
+                name,
+                name in self.witnesses,
+                self.rng.choice([1 - drift, 1 + drift])
+                if extreme_rates
+                else self.rng.uniform(1 - drift, 1 + drift),
             )
             for name in (*self.names, *self.witnesses)
         }
