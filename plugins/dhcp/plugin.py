@@ -93,11 +93,7 @@ class DhcpPlugin:
             "port": server.config.server_port,
             "pools": {key: {"active": used, "size": size} for key, (used, size) in pools.items()},
             "messages": dict(self.service.metrics.totals),
-            "journal": {
-                "records": self.service.store.journal.records,
-                "batches": self.service.store.committer.batches,
-                "failures": self.service.store.committer.failures,
-            },
+            "journal": self.service.store.committer.status(),
         }
 
     @hookimpl

@@ -38,7 +38,7 @@ class LeaseStore:
         self.corrupt = 0
 
     def load(self) -> LeaseTable:
-        """Replay the journal (a torn tail from a crash is cut off)."""
+        """Replay the journal (a torn tail from a crash is cut off, damage recovered around)."""
         for payload in self.journal.open():
             try:
                 self.table.apply(decode_lease_untrusted(payload))

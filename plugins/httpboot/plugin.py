@@ -242,6 +242,7 @@ class HttpBootPlugin:
             "root": str(service.root),
             "recording_events": self.active,
             "machines_with_events": len(service.store.table),
+            "journal": service.store.committer.status(),
             **service.stats.as_dict(),
         }
 

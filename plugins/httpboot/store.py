@@ -45,7 +45,7 @@ class EventStore:
         self.corrupt = 0
 
     def load(self) -> MachineEvents:
-        """Replay the journal (a torn tail from a crash is cut off). Blocking."""
+        """Replay the journal (a torn tail from a crash is cut off, damage recovered around). Blocking."""
         for payload in self.journal.open():
             try:
                 self.table.apply(decode_record_untrusted(payload))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 
 import trio
 
 from appliance.journal import GroupCommitter, JournalFile
+from tests.support.logs import captured_logs
 
 
 class GatedJournal(JournalFile):
@@ -85,3 +88,61 @@ async def test_rewrite_compacts_to_the_snapshot_and_keeps_later_records(tmp_path
     reopened = JournalFile(tmp_path / "j")
     assert reopened.open() == [b"a1", b"c0"]
     assert not (tmp_path / "j.compact").exists()
+
+
+async def test_a_rename_not_made_durable_is_reported_so_and_acknowledges_nothing(
+    tmp_path, monkeypatch
+):
+    journal = JournalFile(tmp_path / "j")
+    journal.open()
+    committer = GroupCommitter(journal)
+    for payload in (b"a0", b"b0", b"a1"):
+        committer.submit(payload)
+    await committer.flush()
+    real_fsync, durable = os.fsync, []
+
+    def directory_fsync_fails(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    with captured_logs() as lines:
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fsync", directory_fsync_fails)
+            committer.request_rewrite(lambda: [b"a1", b"b0"])
+            committer.submit(b"c0", lambda: durable.append(b"c0"))
+            await committer.flush()
+            # Appended to the renamed file, whose name may not survive a crash: not durable.
+            assert durable == [] and (committer.compaction_failures, committer.failures) == (1, 1)
+        committer.submit(b"c1", lambda: durable.append(b"c1"))
+        await committer.flush()
+    assert durable == [b"c1"] and committer.status()["rewrites"] == 1
+    errors = [line["msg"] for line in lines() if line["level"] == "error"]
+    assert "may not survive a crash" in errors[0] and not any("intact" in m for m in errors)
+    journal.close()
+    assert JournalFile(tmp_path / "j").open() == [b"a1", b"b0", b"c1"]
+
+
+async def test_a_compaction_failed_before_the_rename_says_the_old_file_is_intact(
+    tmp_path, monkeypatch
+):
+    journal = JournalFile(tmp_path / "j")
+    journal.open()
+    committer = GroupCommitter(journal)
+    committer.submit(b"a0")
+    await committer.flush()
+
+    def rename_fails(*args):
+        raise OSError(28, "No space left on device")
+
+    durable = []
+    with captured_logs() as lines, monkeypatch.context() as patch:
+        patch.setattr(os, "replace", rename_fails)
+        committer.request_rewrite(lambda: [b"a0"])
+        committer.submit(b"a1", lambda: durable.append(b"a1"))
+        await committer.flush()
+    assert durable == [b"a1"] and committer.status()["compaction_failures"] == 1
+    (error,) = [line for line in lines() if line["level"] == "error"]
+    assert "old file is intact" in error["msg"] and error["step"] == "rename j.compact over j"
+    journal.close()
+    assert JournalFile(tmp_path / "j").open() == [b"a0", b"a1"]
