@@ -4,7 +4,8 @@ On disk: consecutive non-empty frames ``[u32 length][u32 crc32(payload)][payload
 (:mod:`appliance.frames`). Appends are written in order and fsynced before
 anyone is told they are durable, so after a crash at any instant the file is a
 run of good frames possibly followed by one torn frame; opening it keeps the
-good run and cuts the rest, silently (a warning).
+good run and cuts the rest, with a warning only (damage to the last frame
+alone looks the same and is treated the same).
 
 A bad frame *followed by a good one* is not a crash but damage (a bad sector,
 a bit flip, a stray write): opening keeps a copy of the file aside
