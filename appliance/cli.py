@@ -122,6 +122,7 @@ def plugin_cli_commands() -> list[CliCommand]:
 def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
+    from appliance.clock import BoottimeClock
     from appliance.node import Node
 
     source = resolve_source(args.config, args.dev)
@@ -133,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     config, pm = load(source, args.disable_plugin)
     node = Node(config, pm)
-    trio.run(node.run)
+    trio.run(node.run, clock=BoottimeClock())
     return EXIT_OK
 
 
@@ -141,6 +142,7 @@ def cmd_witness(args: argparse.Namespace) -> int:
     """An acceptor for the racks of its cluster (appliance/ha/witness.py, docs/ha.md)."""
     import trio
 
+    from appliance.clock import BoottimeClock
     from appliance.ha.witness import Witness, load_identity
 
     config, _ = load(resolve_source(args.config, args.dev), args.disable_plugin)
@@ -152,7 +154,7 @@ def cmd_witness(args: argparse.Namespace) -> int:
             raise RackbootError(f"--listen wants ADDRESS:PORT, got {args.listen!r}")
         listen, port = host, int(text)
     identity = load_identity(config.node.data_dir)
-    trio.run(Witness(identity, listen, port, ha.lease).run)
+    trio.run(Witness(identity, listen, port, ha.lease).run, clock=BoottimeClock())
     return EXIT_OK
 
 

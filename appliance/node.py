@@ -105,6 +105,9 @@ class Node:
             raise _sole_cause(group) from None
 
     async def _run(self, handle_signals: bool, task_status) -> None:
+        # The clock object itself, not trio.current_time: the fence may be asked from a
+        # worker thread (TFTP's pump) and must read the same clock as the election.
+        self.fence.clock = trio.lowlevel.current_clock().current_time
         self._started_at = trio.current_time()
         self.handle_signals = handle_signals
         self._prepare_data_dir()

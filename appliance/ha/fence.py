@@ -1,12 +1,13 @@
 """The fencing guard every plugin consults before an outward effect (sans-IO).
 
 ``node.fence.ok()`` is true only while this node holds the rack's lease:
-``now < valid_until`` on the node's monotonic clock, read at the moment of
-the check. The election moves ``valid_until`` forward on each renewal; when
-the lease is lost or released it drops to ``-inf`` *before* any plugin hears
-of the role change. So a process paused past its lease (SIGSTOP, a swap
-storm, a VM freeze) that wakes up and finds a reply ready to send is told
-no, even before the election's own task has run.
+``now < valid_until`` on the node's clock (CLOCK_BOOTTIME, appliance/clock.py),
+read at the moment of the check. The election moves ``valid_until`` forward on
+each renewal; when the lease is lost or released it drops to ``-inf`` *before*
+any plugin hears of the role change. So a process paused past its lease
+(SIGSTOP, a swap storm, a suspend) that wakes up and finds a reply ready to
+send is told no, even before the election's own task has run. The clock is
+read through the clock object, so any thread may ask.
 
 A standalone node (no ``[ha]`` peers) holds an endless lease while active.
 """
