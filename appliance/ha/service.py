@@ -137,6 +137,7 @@ class HaService:
             self.vip = VipKeeper(
                 Vip(settings.vip, settings.vip_interface), node.fence,
                 count=settings.garp_count, interval=settings.garp_interval,
+                lead=self.timing.step_down_lead,
             )  # fmt: skip
         self.transitions = {"acquired": 0, "lost": 0}
         if self.elects:
@@ -275,6 +276,8 @@ class HaService:
                 self.vip.want(True)
         elif isinstance(event, Renewed):
             node.fence.grant(event.valid_until, event.epoch)
+            if self.vip is not None:
+                self.vip.renewed()
         elif isinstance(event, Lost):
             self.transitions["lost"] += 1
             self.changed_at["lost"] = time.time()
@@ -363,6 +366,7 @@ class HaService:
             out["vip"] = {
                 "address": self.settings.vip, "interface": self.settings.vip_interface,
                 "held": self.vip.held, "announced": self.vip.announced, "errors": self.vip.errors,
+                "guard_restarts": self.vip.guard_restarts,
             }  # fmt: skip
         return out
 

@@ -1,37 +1,40 @@
-"""The rack's virtual IP (trio shell): netlink to add and remove it, gratuitous ARP to announce it.
+"""The rack's virtual IP (trio shell): the guard process holds it, gratuitous ARP announces it.
 
 :class:`VipKeeper` follows a wanted state the election sets synchronously
-(:meth:`VipKeeper.want`): on ``True`` it adds the address (pyroute2), then
-sends ``garp_count`` gratuitous ARPs spaced ``interval, 2*interval, ...``,
-each only while the fence still says yes; on ``False`` it stops announcing
-and removes the address. Netlink calls run in a worker thread: they take
-milliseconds, and the trio thread keeps renewing meanwhile.
-
-The address is added with a kernel lifetime of :data:`LIFETIME` seconds,
-renewed every :data:`REFRESH` seconds while held: if the process dies
-(``kill -9``) the kernel itself drops the VIP within seconds, instead of
-answering ARP for it forever. The last gratuitous ARPs go out after that,
-so neighbours end up pointing at the new holder.
+(:meth:`VipKeeper.want`, :meth:`VipKeeper.renewed`). The address itself is
+added, refreshed and removed by the **guard** (appliance/ha/vipguard.py), a
+small process of its own: the keeper tells it, after every grant and renewal,
+until when this node may hold the address (the fence's end less
+``step_down_lead``), and the guard removes it at that moment unless told a
+later one, and at once if this process dies. So the VIP leaves this node's
+kernel before any acceptor's grant ends, even when this process is killed or
+frozen. Once the guard says the address is there, the keeper sends
+``garp_count`` gratuitous ARPs spaced ``interval, 2*interval, ...``, each
+only while the fence still says yes.
 """
 
 from __future__ import annotations
 
-import errno
 import ipaddress
+import math
 import socket
 import struct
+import subprocess
+import sys
 
 import trio
 
+from appliance.clock import boottime
+from appliance.ha import vipguard
 from appliance.ha.fence import Fence
 from appliance.logs import get_logger
 
 log = get_logger("ha")
 
 ETH_P_ARP = 0x0806
-LIFETIME = 2  # seconds (the kernel's unit): a dead holder's VIP is gone this long after
-REFRESH = 0.5
 BROADCAST = b"\xff" * 6
+RESPAWN_DELAY = 1.0  # s before a guard that died is started again
+STOP_TIMEOUT = 2.0  # s a guard may take to drop the address when the node stops
 
 
 def garp_frame(mac: bytes, address: str) -> bytes:
@@ -42,53 +45,17 @@ def garp_frame(mac: bytes, address: str) -> bytes:
 
 
 class Vip:
-    """Blocking netlink and raw-socket operations on one interface."""
+    """The address and its interface; gratuitous ARP on a raw socket (blocking, quick)."""
 
     def __init__(self, cidr: str, interface: str) -> None:
         iface = ipaddress.IPv4Interface(cidr)
+        self.cidr = f"{iface.ip}/{iface.network.prefixlen}"
         self.address = str(iface.ip)
-        self.prefixlen = iface.network.prefixlen
         self.interface = interface
 
-    def _index(self, ipr) -> int:
-        found = ipr.link_lookup(ifname=self.interface)
-        if not found:
-            raise OSError(errno.ENODEV, f"no interface {self.interface!r} for the VIP")
-        return found[0]
-
-    def add(self) -> None:
-        """Add, or refresh the lifetime of, the address."""
-        from pyroute2 import IPRoute
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        with IPRoute() as ipr:
-            try:
-                ipr.addr(
-                    "replace", index=self._index(ipr), address=self.address,
-                    prefixlen=self.prefixlen, valid_lft=LIFETIME, preferred_lft=LIFETIME,
-                )  # fmt: skip
-            except NetlinkError as exc:
-                raise OSError(exc.code, f"cannot add VIP {self.address}: {exc}") from None
-
-    def remove(self) -> None:
-        from pyroute2 import IPRoute
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        with IPRoute() as ipr:
-            try:
-                ipr.addr(
-                    "del", index=self._index(ipr), address=self.address, prefixlen=self.prefixlen
-                )
-            except NetlinkError as exc:
-                if exc.code not in (errno.EADDRNOTAVAIL, errno.ENOENT, errno.ESRCH):
-                    raise OSError(exc.code, f"cannot remove VIP {self.address}: {exc}") from None
-
-    def present(self) -> bool:
-        from pyroute2 import IPRoute
-
-        with IPRoute() as ipr:
-            index = self._index(ipr)
-            return any(a.get_attr("IFA_ADDRESS") == self.address for a in ipr.get_addr(index=index))
+    def guard_argv(self) -> list[str]:
+        # -I -S: no site-packages, no user paths; the guard needs the standard library only
+        return [sys.executable, "-I", "-S", vipguard.__file__, self.interface, self.cidr]
 
     def announce(self) -> None:
         with socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ARP)) as sock:
@@ -98,63 +65,128 @@ class Vip:
 
 
 class VipKeeper:
-    def __init__(self, vip: Vip, fence: Fence, *, count: int, interval: float) -> None:
+    def __init__(
+        self, vip: Vip, fence: Fence, *, count: int, interval: float, lead: float
+    ) -> None:
         self.vip = vip
         self.fence = fence
         self.count = count
         self.interval = interval
+        self.lead = lead  # the holder steps down this long before its validity ends
         self.wanted = False
-        self.held = False
+        self.held = False  # the guard said the address is there
         self.announced = 0
         self.errors = 0
+        self.guard_restarts = 0
+        self._told = ""  # the last command the guard got
         self._changed = trio.Event()
+        self._stdin: trio.abc.SendStream | None = None
+        self._nursery: trio.Nursery | None = None
 
     def want(self, held: bool) -> None:
         if held != self.wanted:
             self.wanted = held
             self._changed.set()
 
+    def renewed(self) -> None:
+        """The fence moved forward: tell the guard the new end."""
+        self._changed.set()
+
+    def _command(self) -> str:
+        if not (self.wanted and self.fence.ok()):
+            return "drop"
+        # On the guard's clock (CLOCK_BOOTTIME), whatever clock the fence reads.
+        end = boottime() + (self.fence.valid_until - self.fence.clock()) - self.lead
+        return f"hold {end:.6f}"
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        # A VIP left behind by a crash of this node is not ours until the election says so.
-        await self._apply(False)
-        task_status.started()
-        try:
-            async with trio.open_nursery() as nursery:
-                while True:
-                    self._changed = trio.Event()
-                    was_held = self.held
-                    await self._apply(self.wanted)
-                    if self.held and not was_held:
-                        nursery.start_soon(self._announce)
-                    with trio.move_on_after(REFRESH if self.held else float("inf")):
-                        await self._changed.wait()
-                    if self.held and self.wanted and not self._changed.is_set():
-                        await self._refresh()
-        finally:
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + 2.0):
-                await self._apply(False)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            # A VIP left behind by a crash of this node is not ours until the election says so:
+            # the guard starts by removing it.
+            await nursery.start(self._guard)
+            task_status.started()
+            await self._follow()
 
-    async def _refresh(self) -> None:
+    async def _follow(self) -> None:
+        while True:
+            self._changed = trio.Event()
+            command = self._command()
+            if command != self._told:
+                await self._tell(command)
+            # wake at the fence's end too, to say drop even if no event comes
+            wake = self.fence.valid_until if command != "drop" else math.inf
+            with trio.move_on_at(wake):
+                await self._changed.wait()
+
+    async def _tell(self, command: str) -> None:
+        self._told = command
+        if self._stdin is None:
+            return  # the guard is being restarted; it gets the command then
         try:
-            await trio.to_thread.run_sync(self.vip.add)
-        except OSError as exc:
+            await self._stdin.send_all(command.encode() + b"\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the guard died: _guard notices, restarts it and says this again
+
+    async def _guard(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the guard; start it again if it dies while the node runs."""
+        while True:
+            process = await trio.lowlevel.open_process(
+                self.vip.guard_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                start_new_session=True,  # signals to the node's process group do not reach it
+            )  # fmt: skip
+            self._stdin = process.stdin
+            try:
+                self._told = ""
+                await self._tell("drop")
+                task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
+                self._changed.set()  # the current command, from _follow
+                await self._read(process)
+            finally:
+                self._stdin = None
+                with trio.CancelScope(shield=True):
+                    await self._stop(process)
             self.errors += 1
-            log.error("virtual IP refresh failed", vip=self.vip.address, error=str(exc))
+            self.guard_restarts += 1
+            self.held = False
+            log.error("the VIP guard died; starting it again", vip=self.vip.address,
+                      exit=process.returncode)  # fmt: skip
+            await trio.sleep(RESPAWN_DELAY)
 
-    async def _apply(self, wanted: bool) -> None:
-        try:
-            if wanted and not self.held:
-                await trio.to_thread.run_sync(self.vip.add)
+    async def _read(self, process) -> None:
+        pending = b""
+        while chunk := await process.stdout.receive_some(4096):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._heard(line.decode(errors="replace"))
+
+    def _heard(self, line: str) -> None:
+        if line == "held":
+            if not self.held:
                 self.held = True
                 log.info("took the virtual IP", vip=self.vip.address, interface=self.vip.interface)
-            elif not wanted:
-                await trio.to_thread.run_sync(self.vip.remove)
-                if self.held:
-                    log.info("dropped the virtual IP", vip=self.vip.address)
-                self.held = False
-        except OSError as exc:
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._announce)
+        elif line == "dropped":
+            if self.held:
+                log.info("dropped the virtual IP", vip=self.vip.address)
+            self.held = False
+        else:
             self.errors += 1
-            log.error("virtual IP change failed", vip=self.vip.address, error=str(exc))
+            log.error("virtual IP change failed", vip=self.vip.address, error=line)
+
+    async def _stop(self, process) -> None:
+        """Close the guard's stdin (it drops the address and exits), then wait for it."""
+        if process.stdin is not None:
+            await process.stdin.aclose()
+        with trio.move_on_after(STOP_TIMEOUT):
+            await process.wait()
+            return
+        log.error("the VIP guard did not stop; killing it", vip=self.vip.address)
+        process.kill()
+        await process.wait()
 
     async def _announce(self) -> None:
         delay = self.interval

@@ -8,7 +8,9 @@
   isolate W: nothing changes;
 * partition the active from B and W: B takes over, and the old active stopped
   before B started;
-* SIGSTOP the active past its lease: on SIGCONT it sends nothing and steps down.
+* SIGSTOP the active past its lease: on SIGCONT it sends nothing and steps down;
+* ARP for the VIP, asked every 5 ms across a kill -9 and a SIGSTOP of the active:
+  the old holder's last answer comes before the new holder's first (the VIP guard).
 
 Partitions are blackhole routes inside the namespaces (the election is unicast
 UDP; DHCP broadcasts still flow). Every wait is bounded; only our PIDs are signalled.
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support import arp_probe
 from tests.support.dhcplab import Udhcpc, wait_until
 from tests.support.ha_lab import Rack
 from tests.support.netns import Lab, have_commands
@@ -132,3 +137,70 @@ def test_sigusr2_steps_down_and_sigusr1_takes_the_lease_back(rack):
                detail=rack.logs)  # fmt: skip
     assert rack.nodes[second].ha()["last_change"].endswith("handover")
     wait_until(lambda: rack.has_vip(first) and not rack.has_vip(second), 3, "the VIP back")
+
+
+@pytest.fixture
+def probed_rack(lab: Lab, tmp_path: Path):
+    """A rack whose client host has an address, to ask ARP from."""
+    made = Rack(lab, tmp_path, client_addr=True)
+    try:
+        yield made.start()
+    finally:
+        made.close()
+
+
+def vip_answers(rack, seconds: float, act) -> list[tuple[float, str]]:
+    """ARP for the VIP every 5 ms for ``seconds``, calling ``act()`` after half a second:
+    every answer as (monotonic time, node name)."""
+    client = rack.client
+    probe = client.popen(
+        [sys.executable, "-I", arp_probe.__file__, client.ifname, client.addr, rack.vip,
+         str(seconds), "0.005"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(0.5)
+    act()
+    out, _ = probe.communicate(timeout=seconds + 10)
+    names = {rack.hosts[n].mac: n for n in ("a", "b")}
+    answers = [(float(t), names.get(mac, mac)) for t, mac in (line.split() for line in out.splitlines())]
+    assert answers, "nobody answered ARP for the VIP"
+    return answers
+
+
+def assert_no_overlap(answers, old: str, new: str, since: float) -> float:
+    """The old holder's answers all come before the new one's first; the silent gap in s."""
+    assert {who for _, who in answers} <= {old, new}, answers[:5]
+    first_new = min(t for t, who in answers if who == new)
+    last_old = max((t for t, who in answers if who == old), default=since)
+    assert last_old < first_new, (
+        f"{old} answered ARP for the VIP {last_old - first_new:.3f} s after {new} first did"
+    )
+    return first_new - last_old
+
+
+@pytest.mark.parametrize("how", ["kill-9", "sigstop"])
+def test_arp_answers_for_the_vip_never_come_from_two_machines(probed_rack, how):
+    rack = probed_rack
+    old = rack.actives()[0]
+    new = other(old)
+    wait_until(lambda: rack.has_vip(old), 5, "the VIP on the active", detail=rack.logs)
+    proc = rack.nodes[old].proc
+    acted = []
+
+    def act():
+        acted.append(time.monotonic())
+        if how == "kill-9":
+            rack.nodes[old].kill9()
+        else:
+            proc.send_signal(signal.SIGSTOP)
+
+    try:
+        answers = vip_answers(rack, 3.5, act)
+    finally:
+        if how == "sigstop":
+            proc.send_signal(signal.SIGCONT)
+    gap = assert_no_overlap(answers, old, new, acted[0])
+    print(f"{how}: ARP silent for {gap * 1000:.0f} ms between the two holders")
+    assert any(who == old for t, who in answers if t < acted[0])
+    assert any(who == new for _, who in answers), "the new holder never answered ARP"
+    assert gap < 2.0
