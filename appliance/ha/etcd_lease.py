@@ -7,8 +7,12 @@ its answers and ``now`` in, the same events as the embedded election.
   Success makes this node the holder, the put's revision (the key's
   ``create_revision``) is the **epoch**: etcd's revisions only rise.
 * Holder, every ``renew`` seconds: ``/v3/lease/keepalive``, time noted before
-  asking; valid until then + the TTL etcd answers - ``margin``. No TTL in
-  the answer: the lease is gone, step down.
+  asking, then ``/v3/kv/txn`` comparing the leader key's ``create_revision``
+  (the epoch), value (this node) and lease (ours). Both good: valid until the
+  keepalive's time + the TTL etcd answered - ``margin``. No TTL in the answer
+  (the lease is gone) or a failed comparison (the key was deleted,
+  overwritten or taken by another node): step down at once ("key-lost"
+  revokes our lease too) and read the key as a candidate at the next renew.
 * Release: ``/v3/lease/revoke`` (the key goes with the lease), after stepping down.
 
 etcd grants whole seconds and at least its own minimum (2 s with default
@@ -35,7 +39,7 @@ def b64(text: str) -> str:
 
 @dataclass(frozen=True)
 class Request:
-    kind: str  # range, grant, txn, keepalive, revoke
+    kind: str  # range, grant, txn, keepalive, check, revoke
     path: str
     body: dict[str, Any]
 
@@ -52,6 +56,7 @@ class EtcdLease(LeaseTimes):
         self.granted_ttl = 0
         self.valid_until: float | None = None
         self.epoch = 0
+        self.kept_alive: tuple[float, int] = (0.0, 0)  # (sent, TTL) of this renewal's keepalive
         self.next_at = now
         self.holdoff_until = 0.0
         self.in_flight: tuple[Request, float] | None = None
@@ -159,8 +164,42 @@ class EtcdLease(LeaseTimes):
             return
         if not self.holding(now):
             return  # stepped down meanwhile: a late answer revives nothing
-        self.valid_until = max(self.valid_until or 0.0, sent + ttl - self.timing.margin)
+        # Check the key *after* the lease was extended: if it is still ours then, it
+        # lives (untouched) until the lease does. Validity waits for both answers.
+        self.kept_alive = (sent, ttl)
+        self.pending.append(Request("check", "/v3/kv/txn", self._ownership_txn()))
+
+    def _ownership_txn(self) -> dict[str, Any]:
+        # create_revision alone misses an overwrite (a plain put keeps it): compare
+        # the value and the lease too
+        key = b64(self.key)
+        return {
+            "compare": [
+                {"key": key, "target": "CREATE", "create_revision": str(self.epoch)},
+                {"key": key, "target": "VALUE", "value": b64(self.me)},
+                {"key": key, "target": "LEASE", "lease": self.lease_id},
+            ],
+            "failure": [{"request_range": {"key": key}}],
+        }
+
+    def _check(self, body: dict, sent: float, now: float) -> None:
+        if not self.holding(now):
+            return
+        if not body.get("succeeded"):
+            self._key_lost(body)
+            return
+        kept_sent, ttl = self.kept_alive
+        self.valid_until = max(self.valid_until or 0.0, kept_sent + ttl - self.timing.margin)
         self.events.append(Renewed(self.epoch, self.valid_until))
+
+    def _key_lost(self, body: dict) -> None:
+        # deleted, overwritten or recreated: someone else may hold it already
+        ranged = ((body.get("responses") or [{}])[0]).get("response_range") or {}
+        kvs = ranged.get("kvs") or []
+        self.holder_seen = _text(kvs[0].get("value", "")) if kvs else ""
+        self._lose("key-lost")
+        self.last_refusal = "key-lost"
+        self._revoke_unused()
 
     def _revoke(self, body: dict, sent: float, now: float) -> None:
         pass
@@ -174,6 +213,7 @@ class EtcdLease(LeaseTimes):
         if self.valid_until is None:
             return
         self.valid_until = None
+        self.pending.clear()  # a renewal's check, if any: the revoke must not wait behind it
         self.events.append(Lost(self.epoch, reason))
 
     # -- operator -------------------------------------------------------------------

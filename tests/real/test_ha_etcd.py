@@ -1,6 +1,7 @@
 """The etcd backend against a real etcd (Debian etcd-server) started on loopback:
 one active with the leader key's create_revision as its epoch, hand-over on stop,
-a vanished lease steps the holder down, and a dead etcd takes the lease away."""
+a vanished lease, a deleted or overwritten key step the holder down, and a dead
+etcd takes the lease away."""
 
 from __future__ import annotations
 
@@ -87,10 +88,28 @@ def actives(running) -> list[str]:
     return [n for n, node in running.items() if node.role is Role.ACTIVE]
 
 
+KEY = base64.b64encode(b"/rackboot/leader/rack1").decode()
+RENEW = 0.25  # the default [ha] renew; etcd grants a 2 s TTL
+
+
 async def leader(port: int) -> dict:
-    answer = await post_json("127.0.0.1", port, "/v3/kv/range",
-                             {"key": base64.b64encode(b"/rackboot/leader/rack1").decode()})  # fmt: skip
+    answer = await post_json("127.0.0.1", port, "/v3/kv/range", {"key": KEY})
     return (answer.get("kvs") or [{}])[0]
+
+
+async def step_down_after(node, change) -> float:
+    """Seconds from ``change`` (an awaitable on etcd) to ``node`` stepping down."""
+    await change
+    start = trio.current_time()
+    await wait_until(lambda: node.ha.transitions["lost"] == 1, 2, "the step-down")
+    return trio.current_time() - start
+
+
+async def stays(predicate, seconds: float, what: str) -> None:
+    with trio.move_on_after(seconds):
+        while predicate():
+            await trio.sleep(0.02)
+        pytest.fail(f"no longer {what}")
 
 
 async def test_one_active_and_its_epoch_is_the_keys_create_revision(tmp_path, etcd):
@@ -139,3 +158,54 @@ async def test_without_etcd_the_holder_stops_before_its_validity_ends(tmp_path, 
             assert not holder.fence.ok()
         finally:
             proc.send_signal(signal.SIGCONT)
+
+
+async def test_a_deleted_key_steps_the_holder_down_within_a_renew(tmp_path, etcd):
+    _, port = etcd
+    await etcd_up(port)
+    async with nodes(tmp_path, port) as running:
+        await wait_until(lambda: len(actives(running)) == 1, 10, "one active")
+        holder = running[actives(running)[0]]
+        kv = await leader(port)
+        took = await step_down_after(holder, post_json("127.0.0.1", port, "/v3/kv/deleterange",
+                                                       {"key": KEY}))  # fmt: skip
+        assert took < 2 * RENEW  # its lease would have lasted another ~2 s
+        assert "key-lost" in holder.ha.status()["last_change"]
+        await wait_until(lambda: len(actives(running)) == 1, 3, "a new holder")
+        new = running[actives(running)[0]]
+        assert new.ha.status()["epoch"] == int((await leader(port))["create_revision"])
+        assert new.ha.status()["epoch"] > int(kv["create_revision"])
+        await stays(lambda: len(actives(running)) == 1, 2.5, "exactly one active")
+
+
+async def test_a_key_overwritten_without_the_lease_steps_the_holder_down(tmp_path, etcd):
+    _, port = etcd
+    await etcd_up(port)
+    async with nodes(tmp_path, port) as running:
+        await wait_until(lambda: len(actives(running)) == 1, 10, "one active")
+        name = actives(running)[0]
+        holder = running[name]
+        kv = await leader(port)
+        # same value and create_revision, but no lease: only the LEASE compare differs
+        put = post_json("127.0.0.1", port, "/v3/kv/put", {"key": KEY, "value": kv["value"]})
+        assert await step_down_after(holder, put) < 2 * RENEW
+        election = holder.ha.status()["election"]
+        assert (election["last_refusal"], election["holder_seen"]) == ("key-lost", name)
+        leases = await post_json("127.0.0.1", port, "/v3/lease/leases", {})
+        assert kv["lease"] not in [lease["ID"] for lease in leases.get("leases", [])]  # revoked
+        await stays(lambda: not actives(running), 1.0, "no active while the key is someone's")
+
+
+async def test_a_node_taking_the_key_after_its_deletion_is_the_only_active(tmp_path, etcd):
+    _, port = etcd
+    await etcd_up(port)
+    async with nodes(tmp_path, port) as running:
+        await wait_until(lambda: len(actives(running)) == 1, 10, "one active")
+        name = actives(running)[0]
+        other = "b" if name == "a" else "a"
+        await post_json("127.0.0.1", port, "/v3/kv/deleterange", {"key": KEY})
+        running[other].ha.promote({})  # reads the key now, before the holder's next check
+        await wait_until(lambda: actives(running) == [other], 2, "the other alone")
+        assert (await leader(port))["value"] == base64.b64encode(other.encode()).decode()
+        assert "key-lost" in running[name].ha.status()["last_change"]
+        await stays(lambda: actives(running) == [other], 2.5, "the other alone")
