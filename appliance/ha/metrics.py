@@ -39,6 +39,9 @@ class HaCollector(Collector):
             "Seconds of lease validity left (+Inf for a standalone node, 0 when not held).",
             value=float("inf") if valid_for is None else valid_for,
         )
+        yield CounterMetricFamily(
+            "rackboot_ha_renewals", "Lease renewals while holding.", value=status.get("renewals", 0)
+        )
         acceptor = (status.get("election") or {}).get("acceptor") or {}
         transport = status.get("transport") or {}
         for name, doc, label, counts in (

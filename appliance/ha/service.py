@@ -140,6 +140,10 @@ class HaService:
                 lead=self.timing.step_down_lead,
             )  # fmt: skip
         self.transitions = {"acquired": 0, "lost": 0}
+        # Renewals while holding, and the least validity left when one landed since the last
+        # acquisition: a holder renewing on schedule keeps about lease - margin - renew.
+        self.renewals = 0
+        self.lowest_left: float | None = None
         if self.elects:
             node.metrics.register(HaCollector(self.status))
         self.last_change = ""
@@ -271,10 +275,14 @@ class HaService:
             self.changed_at["acquired"] = time.time()
             self.last_change = f"acquired epoch {event.epoch}"
             log.info("lease acquired", epoch=event.epoch)
+            self.lowest_left = None
             node.set_role(Role.ACTIVE, valid_until=event.valid_until, epoch=event.epoch)
             if self.vip is not None:
                 self.vip.want(True)
         elif isinstance(event, Renewed):
+            left = node.fence.valid_until - trio.current_time()
+            self.renewals += 1
+            self.lowest_left = left if self.lowest_left is None else min(self.lowest_left, left)
             node.fence.grant(event.valid_until, event.epoch)
             if self.vip is not None:
                 self.vip.renewed()
@@ -349,6 +357,8 @@ class HaService:
             "epoch": fence.epoch if fence.valid_until > now else None,
             "fence_refusals": fence.refused,
             "transitions": dict(self.transitions),
+            "renewals": self.renewals,
+            "lowest_left": None if self.lowest_left is None else round(self.lowest_left, 3),
             "last_change": self.last_change,
             "changed_at": dict(self.changed_at),
             "timing": {"lease": self.timing.lease, "renew": self.timing.renew,

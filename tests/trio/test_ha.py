@@ -184,7 +184,11 @@ async def test_prometheus_shows_role_epoch_validity_and_transitions(tmp_path):
         await wait_until(lambda: len(actives(nodes)) == 1, what="one active")
         active = nodes[actives(nodes)[0]]
         standby = next(n for n in nodes.values() if n is not active)
+        await wait_until(lambda: active.ha.status()["renewals"] >= 4, what="four renewals")
+        # renewed on schedule: each landed with most of the lease left
+        assert active.ha.status()["lowest_left"] > 0.5
         text = generate_latest(active.metrics).decode()
+        assert "rackboot_ha_renewals_total " in text
         assert 'rackboot_ha_role{role="active"} 1.0' in text
         assert 'rackboot_ha_transitions_total{kind="acquired"}' in text
         epoch = float(text.split("\nrackboot_ha_epoch ")[1].split()[0])
