@@ -291,7 +291,7 @@ class HaService:
             self.changed_at["lost"] = time.time()
             self.last_change = f"lost epoch {event.epoch}: {event.reason}"
             node.fence.revoke()
-            (log.info if event.reason != "expired" else log.warning)(
+            (log.warning if event.reason in ("expired", "key-lost") else log.info)(
                 "lease lost", epoch=event.epoch, reason=event.reason
             )
             node.set_role(Role.STANDBY)
