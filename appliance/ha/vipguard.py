@@ -41,6 +41,9 @@ REFRESH = 0.5  # s between lifetime refreshes while held
 RETRY = 0.25  # s after a failed `ip` before trying again
 GIVE_UP = 8  # removals tried after the node is gone, before exiting anyway
 IP_TIMEOUT = 2.0
+MAX_RETRY = 8.0  # s: failures in a row back off up to this
+# What iproute2 says when the address to remove is not there (older, newer kernels)
+ABSENT = ("Cannot assign requested address", "Address not found")
 
 
 class GuardCore:
@@ -52,6 +55,7 @@ class GuardCore:
         self.present = True  # unknown at start: a crashed earlier life may have left it
         self.next_refresh = -math.inf
         self.retry_at = -math.inf  # after a failed action, not before this
+        self.backoff = retry
         self.done = False
 
     def command(self, line: str) -> str | None:
@@ -89,9 +93,14 @@ class GuardCore:
         return []
 
     def failed(self, action: str, now: float) -> None:
-        """An action failed: believe the address is as it was, and retry a little later."""
+        """An action failed: believe the address is as it was, and retry later (backing off
+        while failures repeat, so a vanished interface does not fill the log)."""
         self.present = action == "remove"
-        self.retry_at = now + self.retry
+        self.retry_at = now + self.backoff
+        self.backoff = min(self.backoff * 2, MAX_RETRY)
+
+    def succeeded(self) -> None:
+        self.backoff = self.retry
 
     def timeout(self, now: float) -> float | None:
         """Seconds until the next decision if no command comes; None: wait for one."""
@@ -118,7 +127,7 @@ def run_ip(action: str, interface: str, cidr: str) -> str | None:
     if res.returncode == 0:
         return None
     text = res.stderr.strip() or f"exit {res.returncode}"
-    if action == "remove" and "Cannot assign requested address" in text:
+    if action == "remove" and any(absent in text for absent in ABSENT):
         return None
     return text
 
@@ -140,6 +149,7 @@ def main(argv: list[str]) -> int:
         for action in core.actions(now):
             error = run_ip(action, interface, cidr)
             if error is None:
+                core.succeeded()
                 say("held" if action == "add" else "dropped")
             else:
                 core.failed(action, now)

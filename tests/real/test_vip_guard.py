@@ -61,14 +61,16 @@ def test_a_leftover_vip_is_removed_when_the_guard_starts(host):
 
 def test_the_vip_is_held_until_the_deadline_and_no_longer(host):
     proc = start_guard(host)
-    next_line(proc, 5)  # the start-up removal
+    assert next_line(proc, 5) == "dropped"  # the start-up removal of an absent address
     deadline = boottime() + 1.2
     tell(proc, f"hold {deadline:.6f}")
     assert next_line(proc, 2) == "held"
     shown = addresses(host)
     assert vip_of(host) in shown and "valid_lft 2sec" in shown  # the kernel's last resort
-    assert next_line(proc, 2) == "held"  # the lifetime refreshed
-    assert next_line(proc, 2) == "dropped"
+    lines = [next_line(proc, 2)]
+    while lines[-1] == "held":
+        lines.append(next_line(proc, 2))
+    assert lines[-1] == "dropped" and len(lines) >= 2, lines  # refreshed, then removed
     late = boottime() - deadline
     assert vip_of(host) not in addresses(host)
     assert -0.001 < late < 0.1, f"removed {late * 1000:.1f} ms after the deadline"
@@ -78,7 +80,7 @@ def test_the_vip_is_held_until_the_deadline_and_no_longer(host):
 
 def test_sigterm_is_ignored_and_the_nodes_death_drops_the_vip_at_once(host):
     proc = start_guard(host)
-    next_line(proc, 5)
+    assert next_line(proc, 5) == "dropped"
     tell(proc, f"hold {boottime() + 30:.6f}")
     assert next_line(proc, 2) == "held"
     proc.send_signal(signal.SIGTERM)

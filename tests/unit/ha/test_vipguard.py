@@ -59,9 +59,14 @@ def test_failures_are_retried_later_not_in_a_loop():
     assert core.actions(1.25) == ["add"]
     core.command("drop")
     assert core.actions(1.3) == ["remove"]
-    core.failed("remove", 1.3)
-    assert core.actions(1.4) == [] and math.isclose(core.timeout(1.4), 0.15)
-    assert core.actions(1.55) == ["remove"]
+    core.failed("remove", 1.3)  # the second failure in a row waits twice as long
+    assert core.actions(1.7) == [] and math.isclose(core.timeout(1.7), 0.1)
+    assert core.actions(1.8) == ["remove"]
+    core.succeeded()
+    core.command("hold 5")
+    assert core.actions(1.9) == ["add"]
+    core.failed("add", 1.9)
+    assert math.isclose(core.retry_at, 2.15)  # back to the first delay after a success
 
 
 def test_bad_commands_are_named_and_change_nothing():
