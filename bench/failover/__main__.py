@@ -13,6 +13,11 @@ Without traffic: the probe is stopped, the active is killed ``--quiet-kills``
 times, and the gap is from the kill to the standby reporting itself active
 (its control socket, polled every 5 ms): nobody has to ask for it to take over.
 
+Under a flood: ``--flood-kills`` more kills with traffic while a fifth
+namespace floods the three election ports with junk (``--flood-rate``
+datagrams/s from spoofed sources, tests/support/ha_flood.py), started a
+second before each kill and lasting past the takeover.
+
 Kea: the same kills against Kea 2.2's hot-standby pair with its most
 aggressive timers, in the same namespaces and run (``--kea-kills``, see
 kea.py); its default timers (a minute per kill) are quoted from the lab's
@@ -30,6 +35,7 @@ import math
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +45,7 @@ from pathlib import Path
 from appliance import control
 from appliance.errors import RackbootError
 from tests.support.dhcplab import wait_until
-from tests.support.ha_lab import Rack
+from tests.support.ha_lab import PORT, Rack
 from tests.support.netns import Lab, need_root, probe_netns
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -125,6 +131,22 @@ def kill_quiet(rack: Rack, lease: float, rng) -> float:
     return gap
 
 
+def kill_under_flood(rack: Rack, attacker, ca: Path, rate: float, events: Path, renew: float,
+                     lease: float, rng) -> float:  # fmt: skip
+    targets = ",".join(f"{rack.hosts[n].addr}:{PORT}" for n in ("a", "b", "w"))
+    flood = attacker.popen(
+        [sys.executable, "-m", "tests.support.ha_flood", "--targets", targets, "--rate",
+         str(rate), "--seconds", "6", "--ca", str(ca), "--spoof", str(rack.lab.network),
+         "--seed", str(rng.randrange(1 << 30))],
+        stdout=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    try:
+        time.sleep(1.0)
+        return kill_with_traffic(rack, events, renew, lease, rng)
+    finally:
+        flood.wait(timeout=60)
+
+
 def run_kea(rack: Rack, lab: Lab, tmp: Path, kills: int, rng) -> list[float]:
     """The same kills against Kea's hot-standby pair, in the same namespaces."""
     if not kills:
@@ -162,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.failover")
     parser.add_argument("--kills", type=int, default=20, help="kills with client traffic")
     parser.add_argument("--quiet-kills", type=int, default=10, help="kills without traffic")
+    parser.add_argument("--flood-kills", type=int, default=10,
+                        help="kills with traffic under a junk flood on the election ports")
+    parser.add_argument("--flood-rate", type=float, default=6000.0,
+                        help="junk datagrams per second over the three election ports")
     parser.add_argument("--kea-kills", type=int, default=11, help="Kea hot-standby kills (0: none)")
     parser.add_argument("--seed", type=int, default=1, help="seeds the kill phases")
     args = parser.parse_args(argv)
@@ -184,6 +210,14 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.kills):
                 traffic.append(kill_with_traffic(rack, events, renew, lease, rng))
                 print(f"kill {i + 1}/{args.kills} with traffic: {traffic[-1]:.3f} s", flush=True)
+            flooded = []
+            attacker = lab.add_host("x") if args.flood_kills else None
+            ca = next((Path(tmp) / "a").rglob("ca.crt"))
+            for i in range(args.flood_kills):
+                flooded.append(kill_under_flood(rack, attacker, ca, args.flood_rate, events,
+                                                renew, lease, rng))  # fmt: skip
+                print(f"kill {i + 1}/{args.flood_kills} under a flood: {flooded[-1]:.3f} s",
+                      flush=True)  # fmt: skip
             probe.terminate()
             probe.wait(timeout=10)
             quiet = []
@@ -199,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"lease": lease, "renew": renew, "margin": 0.15, "probe_period": 0.05},
         "with_traffic_kill_to_first_offer_s": summary(traffic),
         "without_traffic_kill_to_active_s": summary(quiet) if quiet else None,
-        "raw": {"with_traffic": traffic, "without_traffic": quiet, "kea": kea},
+        "under_flood_kill_to_first_offer_s": summary(flooded) if flooded else None,
+        "flood_rate": args.flood_rate,
+        "raw": {"with_traffic": traffic, "without_traffic": quiet, "under_flood": flooded,
+                "kea": kea},
         "kea_aggressive_kill_to_first_offer_s": summary(kea) if kea else None,
         "kea_reference_not_this_run": KEA_REFERENCE,
     }
@@ -207,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':38} {'n':>3} {'median':>8} {'p99':>8} {'max':>8} {'min':>8}")
     rows = (("rackboot, kill -> first OFFER", traffic),
             ("rackboot, no traffic, kill -> active", quiet),
+            (f"rackboot, flood {args.flood_rate:.0f}/s, -> OFFER", flooded),
             ("kea aggressive, kill -> first OFFER", kea))  # fmt: skip
     for label, values in rows:
         if values:
