@@ -6,12 +6,19 @@ within ``request_timeout``; a response whose client takes nothing for
 ``send_timeout`` is cut. Heads are capped by h11's ``max_incomplete_event_size``
 (431), bodies by the route's ``max_body`` (413). A connection that cannot be
 reused (an unread body, a protocol error) is answered with ``Connection: close``.
+
+A connection to the rack's VIP carries ``guard`` (``node.fence.ok``): each of
+its requests is asked about before its handler runs and again before the answer
+leaves (a handler may wait, e.g. for an event's durability); on a node that does
+not hold the lease the request gets 503 and the connection is closed. A
+connection to the node's own address has no guard.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -92,6 +99,7 @@ class Connection:
         client: tuple[str, int],
         local: tuple[str, int],
         access_log: bool = True,
+        guard: Callable[[], bool] | None = None,
     ) -> None:
         self.stream = stream
         self.router = router
@@ -99,6 +107,7 @@ class Connection:
         self.stats = stats
         self.client, self.local = client, local
         self.access_log = access_log
+        self.guard = guard  # fence.ok on a connection to the VIP; None: the node's own address
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         self.phase = "request"  # a new connection owes its first request within request_timeout
         self.request_started = trio.current_time()
@@ -160,7 +169,10 @@ class Connection:
             return False
         request, response, route = self._route(event)
         declared = _body_length(request)
-        if declared is None:
+        fenced = self._not_held()
+        if fenced:
+            response, route = Response.unavailable(), None
+        elif declared is None:
             self.stats.malformed += 1
             response, route = Response.error(400), None
         elif route is not None:
@@ -170,7 +182,10 @@ class Connection:
             await self._next_event()  # EndOfMessage: the connection stays usable
         if response.stat is not None:
             response = fit_to_request(request, response)
-        reusable = self.h11.their_state is h11.DONE
+        if not fenced and self._not_held():  # lost while the handler ran (it may wait)
+            response.close()
+            response, fenced = Response.unavailable(), True
+        reusable = self.h11.their_state is h11.DONE and not fenced
         try:
             sent = await self._send(request, response, close=not reusable)
         finally:
@@ -179,6 +194,13 @@ class Connection:
         if not reusable:
             await self._linger()
         return reusable and self.h11.our_state is h11.DONE
+
+    def _not_held(self) -> bool:
+        """A request to the rack's VIP while this node does not hold the lease (counted)."""
+        if self.guard is None or self.guard():
+            return False
+        self.stats.fenced += 1
+        return True
 
     def _route(self, event: h11.Request) -> tuple[Request, Response, Route | None]:
         method = event.method.decode("ascii", "replace")

@@ -85,7 +85,9 @@ def httpboot_machine_event(event: Event) -> None:
         ``message`` and the ``client`` address that posted it.
 
     Called on the active node, in its trio thread, after the event is on
-    disk and before the installer gets its answer. Start slow reactions
+    disk and before the installer gets its answer, only while the node still
+    holds the rack's lease: an event made durable after the lease was lost is
+    not announced (the installer retries at the new active). Start slow reactions
     (power control, inventory updates) in a service of your own; an
     exception is logged and ignored.
     """

@@ -83,6 +83,14 @@ class Response:
         return cls.text(text, status)
 
     @classmethod
+    def unavailable(cls, detail: str = "") -> Response:
+        """503 with ``Retry-After: 1``: not here, not now; the client's next try may
+        reach the rack's active node."""
+        busy = cls.error(503, detail)
+        busy.headers.append((b"retry-after", b"1"))
+        return busy
+
+    @classmethod
     def file(
         cls, handle: BinaryIO, stat: os.stat_result, content_type: bytes | None = None
     ) -> Response:

@@ -1,9 +1,11 @@
 """The ``httpboot`` plugin: the ``[httpboot]`` section, hooks, the ``httpboot.server`` service, status.
 
-Roles: scripts and files are served on every node (they are a pure function
-of the configuration and the token secret, like TFTP's files); events are
-recorded only by the active node, a standby answers 503 with ``Retry-After``
-so the installer tries again and reaches the active one. See docs/httpboot.md.
+Roles: scripts and files are served on every node at its own addresses (they
+are a pure function of the configuration and the token secret, like TFTP's
+files), at the rack's VIP only while it holds the lease; events are recorded
+only by the active node, under the fence, a standby answers 503 with
+``Retry-After`` so the installer tries again and reaches the active one. See
+docs/httpboot.md.
 """
 
 from __future__ import annotations
@@ -267,6 +269,7 @@ class _Service:
             stats=self.stats,
             max_connections=settings.max_connections,
             access_log=settings.access_log,
+            fence=node.fence,
         )
 
     def _router(self, secret: bytes) -> Router:
@@ -283,6 +286,7 @@ class _Service:
             admin_token=settings.admin_token,
             max_event_bytes=settings.max_event_bytes,
             is_active=lambda: plugin.active,
+            fence=node.fence.ok,
             status=node.status,
             metrics=node.metrics,
             script_hook=hook.httpboot_boot_script,

@@ -64,6 +64,7 @@ class BuiltinRoutes:
         admin_token: str,
         max_event_bytes: int,
         is_active: Callable[[], bool],
+        fence: Callable[[], bool],
         status: Callable[[], dict[str, Any]],
         metrics: prometheus_client.CollectorRegistry,
         script_hook: Callable[..., str | None],
@@ -78,6 +79,7 @@ class BuiltinRoutes:
         self.admin_token = admin_token
         self.max_event_bytes = max_event_bytes
         self.is_active = is_active
+        self.fence = fence  # node.fence.ok: does this node still hold the rack's lease?
         self.status_of_node = status
         self.metrics = metrics
         self.script_hook = script_hook
@@ -156,8 +158,9 @@ class BuiltinRoutes:
         event = self.store.table.next_event(
             mac, stage, status, message, time.time(), request.client[0]
         )
-        if not await self._durable(event):
-            self.stats.event_refusals["not-durable"] += 1
+        refusal = await self._record(event)
+        if refusal is not None:
+            self.stats.event_refusals[refusal] += 1
             return _standby()
         self.stats.events_recorded[status] += 1
         log.info("machine event", mac=mac, seq=event.seq, stage=stage, status=status)
@@ -167,12 +170,24 @@ class BuiltinRoutes:
             log.error("machine event hook failed", mac=mac, error=f"{type(exc).__name__}: {exc}")
         return Response.json({"mac": mac, **event.as_json()}, status=201)
 
-    async def _durable(self, record: Event | Cleared) -> bool:
+    async def _record(self, record: Event | Cleared) -> str | None:
+        """Journal ``record`` and wait until it is durable, under the fence: None when
+        it may be acknowledged (and announced), else why not.
+
+        Decided while active (the caller checked the role), so the fence is asked
+        before writing (nothing is journaled once it closed) and again after the
+        wait: a record made durable while the lease was lost is neither
+        acknowledged nor announced, and the installer retries at the new active.
+        """
+        if not self.fence():
+            return "fenced"
         done = trio.Event()
         self.store.commit(record, done.set)
         with trio.move_on_after(DURABLE_WAIT):
             await done.wait()
-        return done.is_set()
+        if not done.is_set():
+            return "not-durable"
+        return None if self.fence() else "fenced"
 
     async def clear_events(self, request: Request) -> Response:
         if not self.admin_token:
@@ -185,7 +200,7 @@ class BuiltinRoutes:
         if not self.is_active():
             return _standby()
         forgotten = len(self.store.table.events(mac))
-        if not await self._durable(self.store.table.clearing(mac)):
+        if await self._record(self.store.table.clearing(mac)) is not None:
             return _standby()
         log.info("machine events cleared", mac=mac, events=forgotten, client=request.client[0])
         return Response.json({"mac": mac, "cleared": forgotten})
@@ -242,6 +257,4 @@ def _unauthorized() -> Response:
 
 
 def _standby() -> Response:
-    busy = Response.error(503, "not recording here now; try again")
-    busy.headers.append((b"retry-after", b"1"))
-    return busy
+    return Response.unavailable("not recording here now; try again")

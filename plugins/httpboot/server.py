@@ -2,6 +2,11 @@
 
 Past ``max_connections`` open connections a new one gets a canned ``503`` with
 ``Retry-After`` and is closed at once: no request is read, no task lingers.
+
+A connection accepted on the rack's VIP (``fence.vip``, the address it was sent
+to) is served only while this node holds the lease: it gets ``fence.ok`` as its
+guard (connection.py). Connections to the node's own addresses are served
+whatever its role.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -17,6 +23,9 @@ from appliance.logs import get_logger
 from .connection import Connection, Limits
 from .router import Router
 from .stats import Stats
+
+if TYPE_CHECKING:
+    from appliance.ha.fence import Fence
 
 log = get_logger("httpboot")
 
@@ -43,6 +52,7 @@ class HttpServer:
         stats: Stats,
         max_connections: int,
         access_log: bool = True,
+        fence: Fence | None = None,
     ) -> None:
         self.addresses = addresses
         self.port = port
@@ -51,6 +61,7 @@ class HttpServer:
         self.stats = stats
         self.max_connections = max_connections
         self.access_log = access_log
+        self.fence = fence  # node.fence: the VIP is answered on only under the lease
         self.bound: list[tuple[str, int]] = []
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -85,8 +96,10 @@ class HttpServer:
                 stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NOTSENT_LOWAT, 0)
         try:
             local = _name(stream.socket.getsockname())
+            fence = self.fence
+            guard = fence.ok if fence is not None and local[0] == fence.vip else None
             connection = Connection(
-                stream, self.router, self.limits, self.stats, client, local, self.access_log
+                stream, self.router, self.limits, self.stats, client, local, self.access_log, guard
             )
             await connection.serve()
         finally:

@@ -14,8 +14,9 @@ from prometheus_client.registry import Collector
 # request_timeout), "idle" (keep-alive with no new request within idle_timeout), "send"
 # (the client took nothing for send_timeout).
 TIMEOUTS = ("request", "idle", "send")
-# Why a posted event was not recorded.
-EVENT_REFUSALS = ("unauthorized", "invalid", "too-large", "standby", "not-durable")
+# Why a posted event was not recorded (or, "fenced", was made durable but neither
+# acknowledged nor announced: the lease was lost before the answer).
+EVENT_REFUSALS = ("unauthorized", "invalid", "too-large", "standby", "not-durable", "fenced")
 
 
 class Stats(Collector):
@@ -27,6 +28,7 @@ class Stats(Collector):
         self.bytes_sent = 0  # body bytes
         self.timeouts: Counter[str] = Counter({t: 0 for t in TIMEOUTS})
         self.malformed = 0  # requests h11 or the target decoder refused
+        self.fenced = 0  # requests to the rack's VIP while this node did not hold the lease
         self.events_recorded: Counter[str] = Counter()  # by event status
         self.event_refusals: Counter[str] = Counter({r: 0 for r in EVENT_REFUSALS})
         self.scripts: Counter[str] = Counter()  # by profile
@@ -47,6 +49,7 @@ class Stats(Collector):
             "bytes_sent": self.bytes_sent,
             "timeouts": dict(self.timeouts),
             "malformed": self.malformed,
+            "fenced": self.fenced,
             "events_recorded": sum(self.events_recorded.values()),
             "event_refusals": dict(self.event_refusals),
             "scripts": dict(self.scripts),
@@ -81,6 +84,10 @@ class Stats(Collector):
         yield CounterMetricFamily(
             "rackboot_http_malformed", "Requests refused as malformed (400, 403, 413, 414, 431).",
             value=self.malformed,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "rackboot_http_fenced", "Requests to the rack's VIP refused (503, closed) while this node did not hold the lease.",
+            value=self.fenced,
         )  # fmt: skip
         recorded = CounterMetricFamily(
             "rackboot_http_events", "Installer events recorded, by status.", labels=["status"]

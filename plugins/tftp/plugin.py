@@ -4,7 +4,8 @@ The service answers whatever the node's role: TFTP serves boot files that are
 the same on every appliance of a rack (the root directory, the replicated image
 store), writes nothing, and a client only reaches the server its DHCP answer
 named. A standby that answers a client asking it directly gives the same bytes
-the active would. See docs/tftp.md.
+the active would. The rack's VIP alone is spoken from only under the lease
+(``node.fence``, server.py and pump.py). See docs/tftp.md.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ class _Service:
         def open_hook(path: str, client: Client) -> Any:
             return pm.hook.tftp_open(path=path, client=client)
 
-        self.server = TftpServer(self.config, self.stats, open_hook, node.fence.may_send_from)
+        self.server = TftpServer(self.config, self.stats, open_hook, node.fence)
 
     async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         root = self.config.root

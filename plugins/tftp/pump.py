@@ -19,6 +19,14 @@ here blocks except ``epoll`` itself: sockets are non-blocking, a full send
 buffer parks the rest of a window until the socket is writable, and file bytes
 are either buffered already or read with ``RWF_NOWAIT`` (page cache only).
 
+The fence: a transfer served from the rack's VIP carries ``guard`` (the node's
+``fence.ok``, a clock read and a compare), asked before its machine is pulled
+for the next window (``_step``), before a lock-step block goes out on the fast
+path and before a parked window is flushed. When it says no the job stops:
+nothing more leaves the VIP, not even an ERROR (that too would speak for the
+rack), and it is handed back as ``fenced``. A transfer from the node's own
+address has no guard and pays one ``is None`` test.
+
 Timers: one heap of ``(deadline, sequence number, job)``. A job's entry is pushed only when
 its machine's timer is earlier than the one armed (normally each send moves the
 timer later, so a steady transfer costs one heap entry per timeout period); an
@@ -57,6 +65,7 @@ _GSO_BYTES = 65_000  # one GSO send is one IP datagram before it is cut: < 64 Ki
 
 Address = tuple[str, int]
 Post = Callable[..., Any]  # trio's TrioToken.run_sync_soon: call fn(*args) in the trio thread
+Guard = Callable[[], bool]  # may this job still send? (node.fence.ok; any thread may ask)
 
 
 class Job:
@@ -65,12 +74,12 @@ class Job:
     __slots__ = (
         "sock", "fd", "peer", "machine", "source", "need", "info", "started", "ended",
         "armed", "last_batch", "gso", "backlog", "parked", "waiting", "refilled", "crash",
-        "closed",
+        "closed", "guard", "fenced",
     )  # fmt: skip
 
     def __init__(
         self, sock, peer: Address, machine: ReadTransfer, source: Source, need: int, info: Any,
-        started: float,
+        started: float, guard: Guard | None = None,
     ) -> None:  # fmt: skip
         self.sock = sock
         self.fd = sock.fileno()
@@ -90,6 +99,8 @@ class Job:
         self.crash: BaseException | None = None
         self.gso = True  # send a window with one system call until the kernel refuses
         self.closed = False
+        self.guard = guard  # fence.ok for a transfer from the VIP; None: the node's own address
+        self.fenced = False  # stopped because the fence closed: nothing more was sent
 
 
 class Pump:
@@ -170,8 +181,8 @@ class Pump:
                         self._take_inbox(now)
                     continue
                 try:
-                    if mask & select.EPOLLOUT:
-                        self._flush(job)
+                    if mask & select.EPOLLOUT and not self._flush(job):
+                        continue  # the fence stopped it
                     if mask & ~select.EPOLLOUT and self._receive(job, now):
                         continue  # the lock-step fast path sent the next block
                     self._step(job, now)
@@ -250,6 +261,9 @@ class Pump:
             and not job.backlog
             and not job.source.short_of(job.need)
         ):
+            if job.guard is not None and not job.guard():
+                self._fence(job, now)
+                return True
             try:
                 job.sock.send(machine.fast_data)
             except BlockingIOError:
@@ -266,6 +280,16 @@ class Pump:
         if job.waiting or job.backlog:
             return  # stepped again once the refill is back or the send buffer has drained
         machine, source = job.machine, job.source
+        if (
+            job.guard is not None
+            and not job.guard()
+            # a job the client ended (complete, aborted) has nothing left to send
+            and (not machine.done or machine.datagrams_to_send(now))
+        ):
+            # The lease is gone: nothing more leaves the VIP, not even a final ERROR.
+            # Stopped before the machine is pulled: its counters hold what went out.
+            self._fence(job, now)
+            return
         if machine.done:
             pass  # nothing to read: only a final ERROR may be left to send
         elif job.refilled:
@@ -317,17 +341,28 @@ class Pump:
         job.parked += 1
         self._epoll.modify(job.fd, _IN_OUT)
 
-    def _flush(self, job: Job) -> None:
+    def _flush(self, job: Job) -> bool:
+        """Send the parked datagrams that fit; False when the fence stopped the job."""
+        if job.guard is not None and not job.guard():
+            self._fence(job, time.monotonic())
+            return False
         backlog = job.backlog
         while backlog:
             try:
                 job.sock.send(backlog[0])
             except BlockingIOError:
-                return
+                return True
             except OSError as exc:
                 _send_failed(job, exc)
             backlog.popleft()
         self._epoll.modify(job.fd, _IN)
+        return True
+
+    def _fence(self, job: Job, now: float) -> None:
+        """The lease is gone: stop ``job`` without another datagram (no ERROR either)."""
+        job.fenced = True
+        job.backlog.clear()
+        self._finish(job, now)
 
     def _crash(self, job: Job, exc: BaseException) -> None:
         job.crash = exc

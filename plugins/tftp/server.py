@@ -13,6 +13,13 @@ retransmission timers) runs in one dedicated thread, the pump (``pump.py``),
 which hands each job back when it ends. The thread lives inside ``serve``:
 cancelling ``serve`` stops and joins it, then closes every socket and file it
 held.
+
+The fence (``node.fence``): the node's own addresses answer whatever its role;
+the rack's VIP only while the node holds the lease. A request to the VIP is
+dropped when the fence is closed on arrival; an admitted one carries
+``fence.ok`` to the pump, which asks it before every window it sends (the
+first included, after the awaits of opening the file), and a refusal found
+while opening goes out only if the fence still holds.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -42,10 +49,13 @@ from .packets import (
     encode_error,
     parse_untrusted,
 )
-from .pump import Job, Pump
+from .pump import Guard, Job, Pump
 from .source import Source, open_path, open_root
 from .stats import Stats
 from .transfer import ReadTransfer, TransferComplete
+
+if TYPE_CHECKING:
+    from appliance.ha.fence import Fence
 
 log = get_logger("tftp")
 
@@ -90,14 +100,12 @@ class TftpServer:
         config: ServerConfig,
         stats: Stats,
         open_hook: OpenHook | None = None,
-        may_send_from: Callable[[str], bool] = lambda address: True,
+        fence: Fence | None = None,
     ):
         self.config = config
         self.stats = stats
         self._open_hook = open_hook
-        # node.fence.may_send_from: a request to the rack's VIP is served only under the lease
-        self.may_send_from = may_send_from
-        self.fenced = 0
+        self.fence = fence  # node.fence: the VIP is spoken from only under the lease
         self._clients: set[tuple[Address, str]] = set()  # (client TID, local address)
         self._ifindexes: set[int] = set()
         self.bound: list[Address] = []
@@ -145,9 +153,6 @@ class TftpServer:
             local, ifindex = _destination(ancdata, fallback)
             if self._ifindexes and ifindex not in self._ifindexes:
                 continue
-            if not self.may_send_from(local):
-                self.fenced += 1  # to the VIP, which this node no longer holds
-                continue
             try:
                 request = parse_untrusted(data)
             except MalformedPacket as exc:
@@ -157,6 +162,10 @@ class TftpServer:
             if not isinstance(request, Request):
                 self.stats.malformed += 1  # a stray DATA/ACK/ERROR on the request port
                 continue
+            guard = self._guard(local)
+            if guard is not None and not guard():
+                self.stats.transfers["fenced"] += 1  # to the VIP, which this node does not hold
+                continue
             key = (peer, local)
             if key in self._clients:
                 continue  # a retransmitted request: its transfer is already running
@@ -164,7 +173,7 @@ class TftpServer:
             if refusal is None:
                 self._clients.add(key)
                 self.stats.active += 1
-                nursery.start_soon(self._start_transfer, request, peer, local, ifindex)
+                nursery.start_soon(self._start_transfer, request, peer, local, ifindex, guard)
             else:
                 await self._refuse(sock, refusal, peer, local)
 
@@ -182,6 +191,11 @@ class TftpServer:
             return Refused(ErrorCode.NOT_DEFINED, "server busy, try again later")
         return None
 
+    def _guard(self, local: str) -> Guard | None:
+        """``fence.ok`` when ``local`` is the rack's VIP; None for the node's own addresses."""
+        fence = self.fence
+        return fence.ok if fence is not None and local == fence.vip else None
+
     async def _refuse(self, sock, refusal: Refused, peer: Address, local: str) -> None:
         # From the address the client sent to, even on a socket bound to 0.0.0.0.
         info = _PKTINFO.pack(0, socket.inet_aton(local), bytes(4))
@@ -194,13 +208,15 @@ class TftpServer:
 
     # -- transfers -----------------------------------------------------------
 
-    async def _start_transfer(self, request: Request, peer: Address, local: str, ifindex) -> None:
+    async def _start_transfer(
+        self, request: Request, peer: Address, local: str, ifindex: int, guard: Guard | None
+    ) -> None:
         """Open what was asked and hand the transfer to the pump, or refuse it."""
         job = None
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             _connect_transfer_socket(sock, local, peer)
-            job = await self._prepare(sock, request, peer, local, ifindex)
+            job = await self._prepare(sock, request, peer, local, ifindex, guard)
         except Exception as exc:  # one transfer's bug or socket error must not stop the server
             self.stats.transfers["failed"] += 1
             log.error("transfer crashed", client=_fmt(peer), error=f"{type(exc).__name__}: {exc}")
@@ -212,11 +228,16 @@ class TftpServer:
             self._jobs.add(job)
             self._pump.submit(job)
 
-    async def _prepare(self, sock, request: Request, peer: Address, local, ifindex) -> Job | None:
+    async def _prepare(
+        self, sock, request: Request, peer: Address, local: str, ifindex: int, guard: Guard | None
+    ) -> Job | None:
         client = Client(ipaddress.IPv4Address(peer[0]), peer[1], ipaddress.IPv4Address(local))
         try:
             source = await self._open(request.filename, client)
         except Refused as refused:
+            if guard is not None and not guard():  # the lease was lost while we looked
+                self._fenced(peer, request.filename)
+                return None
             self.stats.transfers["refused"] += 1
             log.info("refused", client=_fmt(peer), file=request.filename, reason=refused.message)
             _send_now(sock, encode_error(refused.code, refused.message), peer)
@@ -240,7 +261,7 @@ class TftpServer:
             source.close()
             raise
         need = options.blksize * (options.windowsize + 1)  # lock-step reads a block ahead
-        return Job(sock, peer, machine, source, need, (request, local, options), started)
+        return Job(sock, peer, machine, source, need, (request, local, options), started, guard)
 
     async def _open(self, requested: str, client: Client) -> Source:
         if self._open_hook is not None:
@@ -285,6 +306,9 @@ class TftpServer:
             log.error("transfer crashed", client=_fmt(job.peer),
                       error=f"{type(job.crash).__name__}: {job.crash}")  # fmt: skip
             return
+        if job.fenced:
+            self._fenced(job.peer, request.filename)
+            return
         # The final batch holds our ERROR when we ended the transfer with one.
         batch = job.last_batch
         sent_error = bool(batch) and batch[-1][:2] == bytes((0, Opcode.ERROR))
@@ -312,6 +336,11 @@ class TftpServer:
         self.stats.active -= 1
         self._clients.discard((peer, local))
         self._ended.unpark_all()
+
+    def _fenced(self, peer: Address, name: str) -> None:
+        """A transfer from the VIP stopped because the lease is gone: nothing more was sent."""
+        self.stats.transfers["fenced"] += 1
+        log.info("fenced", client=_fmt(peer), file=name, reason="the rack's lease is not held")
 
     def _record(self, event, sent_error: bool, fields: dict[str, Any]) -> None:
         if isinstance(event, TransferComplete):

@@ -13,8 +13,10 @@ from prometheus_client.registry import Collector
 # How a read request ended. "refused": an ERROR before any data (not found, access
 # violation, write request, unknown mode); "busy": over max_transfers; "failed": we
 # stopped with an ERROR mid-transfer (read error, file changed); "aborted": the
-# client sent an ERROR; "timeout": the client went silent.
-OUTCOMES = ("complete", "refused", "busy", "failed", "aborted", "timeout")
+# client sent an ERROR; "timeout": the client went silent; "fenced": a request to the
+# rack's VIP while this node did not hold the lease, or a transfer from the VIP stopped
+# (without an ERROR) when the lease was lost.
+OUTCOMES = ("complete", "refused", "busy", "failed", "aborted", "timeout", "fenced")
 
 
 class Stats(Collector):

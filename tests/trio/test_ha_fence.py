@@ -1,9 +1,19 @@
-"""The fence at the plugins' send paths: a reply decided while active leaves only while
-the lease holds; a standby's own answers (reservations) do not need it."""
+"""The fence at the plugins' points of effect: a reply decided while active leaves only
+while the lease holds; a standby's own answers (reservations) do not need it. DHCP here;
+TFTP and HTTP boot, which speak from the rack's VIP only under the lease, below."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
+import socket
+from ipaddress import IPv4Address
+from pathlib import Path
+
+import pytest
 import trio
+import trio.testing
 from prometheus_client import CollectorRegistry
 
 from appliance.ha.fence import Fence
@@ -13,8 +23,31 @@ from plugins.dhcp.options import MessageType
 from plugins.dhcp.server import DhcpServer
 from plugins.dhcp.service import DhcpService
 from plugins.dhcp.store import LeaseStore
+from plugins.httpboot.connection import Connection, Limits
+from plugins.httpboot.identity import machine_token
+from plugins.httpboot.messages import Response, Route
+from plugins.httpboot.router import Router
+from plugins.httpboot.routes import BootPolicy, BuiltinRoutes
+from plugins.httpboot.script import Profile
+from plugins.httpboot.server import HttpServer
+from plugins.httpboot.stats import Stats as HttpStats
+from plugins.httpboot.store import EventStore
+from plugins.tftp import server as tftp_server
+from plugins.tftp.packets import (
+    Data,
+    Opcode,
+    OptionAck,
+    encode_ack,
+    encode_request,
+    parse_untrusted,
+)
+from plugins.tftp.server import ServerConfig, TftpServer
+from plugins.tftp.stats import Stats as TftpStats
+from tests.support.http import Client
+from tests.support.tftp import fetch
 from tests.trio.test_dhcp_shell import FakeSocket
 from tests.unit.dhcp.clients import ON_LINK, config, ip, mac, message
+from tests.unit.tftp.fakeclient import pattern
 
 NOW = 1_000_000.0
 
@@ -57,33 +90,6 @@ async def test_a_standby_answers_its_reservations_without_the_lease(tmp_path):
     discover(service, mac(9))  # reserved
     discover(service, mac(3))  # dynamic: the standby stays silent
     assert len(sock.sent) == 1 and fence.refused == 0
-
-
-async def test_tftp_requests_to_the_vip_are_served_only_under_the_lease(tmp_path):
-    """TFTP answers on every node, from its own addresses; from the VIP only while it holds."""
-    from plugins.tftp.server import ServerConfig, TftpServer
-    from plugins.tftp.stats import Stats
-
-    (tmp_path / "boot.bin").write_bytes(b"x" * 100)
-    fence = Fence(trio.current_time)
-    fence.vip = "127.0.0.1"  # the loopback stands in for the rack's VIP
-    server = TftpServer(ServerConfig(root=tmp_path, port=0), Stats(), None, fence.may_send_from)
-    rrq = b"\x00\x01boot.bin\x00octet\x00"
-
-    async def ask(port: int) -> bytes | None:
-        with trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM) as sock:
-            await sock.sendto(rrq, ("127.0.0.1", port))
-            with trio.move_on_after(0.5):
-                return await sock.recv(2048)
-        return None
-
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            ((_, port),) = await nursery.start(server.serve)
-            assert await ask(port) is None and server.fenced == 1
-            fence.grant(trio.current_time() + 5)
-            assert (await ask(port))[:4] == b"\x00\x03\x00\x01"  # DATA block 1
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_fence_closed_during_the_group_commit_sends_no_ack_and_announces_nothing(
@@ -144,3 +150,266 @@ async def test_dhcp_starts_inactive_until_the_node_is_active(tmp_path):
     assert plugin.service.server.active is True
     node.set_role(Role.STANDBY)
     assert plugin.service.server.active is False
+
+
+# -- TFTP: the VIP under the lease, the node's own addresses whatever the role ----------
+#
+# Real loopback sockets and the pump's real thread, so real time with bounded waits
+# (trio.fail_after); 127.0.0.1 stands in for the rack's VIP.
+
+VIP = "127.0.0.1"
+BLOCKS = 40  # boot.bin: 40 blocks of 512 and an empty final one
+
+
+def vip_fence(vip: str = VIP) -> Fence:
+    """Granted without end; the clock object, as the node gives it: the pump's thread asks too."""
+    fence = Fence(trio.lowlevel.current_clock().current_time)
+    fence.vip = vip
+    fence.grant(math.inf)
+    return fence
+
+
+@contextlib.asynccontextmanager
+async def tftp(root: Path, fence: Fence, **config):
+    (root / "boot.bin").write_bytes(pattern(0, 512 * BLOCKS))
+    server = TftpServer(ServerConfig(root=root, port=0, **config), TftpStats(), None, fence)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            ((_, port),) = await nursery.start(server.serve)
+            yield server, (VIP, port)
+            nursery.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def udp_client():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        sock.bind(("127.0.0.1", 0))
+        yield sock
+
+
+async def receive(sock: socket.socket) -> tuple[object, tuple[str, int]]:
+    await trio.lowlevel.wait_readable(sock)
+    data, tid = sock.recvfrom(70_000)
+    return parse_untrusted(data), tid
+
+
+def queued(sock: socket.socket) -> int:
+    """Datagrams waiting on ``sock`` (read and dropped). Loopback delivers within the
+    sender's system call, so this is everything sent to it so far."""
+    n = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            sock.recv(70_000)
+            n += 1
+    return n
+
+
+def rrq(name: str = "boot.bin", **options: str) -> bytes:
+    return encode_request(Opcode.RRQ, name, "octet", options)  # blksize 512 by default
+
+
+async def test_tftp_requests_to_the_vip_are_served_only_under_the_lease(tmp_path):
+    """TFTP answers on every node, from its own addresses; from the VIP only while it holds."""
+    fence = vip_fence()
+    fence.revoke()
+    async with tftp(tmp_path, fence) as (server, address):
+        with udp_client() as sock:
+            sock.sendto(rrq(), address)
+            with trio.move_on_after(0.5):
+                await receive(sock)
+                raise AssertionError("answered from the VIP without the lease")
+            assert server.stats.transfers["fenced"] == 1 and server.stats.active == 0
+        fence.grant(math.inf)
+        with udp_client() as sock:
+            sock.sendto(rrq(), address)
+            packet, _ = await receive(sock)
+            assert isinstance(packet, Data) and packet.block == 1
+
+
+@pytest.mark.parametrize("step", ["lock-step ACK", "window ACK", "retransmission"])
+async def test_a_vip_transfer_stops_at_its_next_window_once_the_fence_closes(tmp_path, step):
+    """The pump asks the fence before each lock-step block (the fast path), each window and
+    each retransmission: once the lease is lost nothing more leaves the VIP, not even an
+    ERROR, and the transfer ends "fenced", its socket and slot freed."""
+    timeout = 0.5 if step == "retransmission" else 10.0  # no retransmission unless asked for
+    timers = {"timeout": timeout, "max_timeout": timeout}
+    fence = vip_fence()
+    async with tftp(tmp_path, fence, **timers) as (server, address):
+        with udp_client() as sock:
+            if step == "window ACK":
+                sock.sendto(rrq(windowsize="4"), address)
+                oack, tid = await receive(sock)
+                assert isinstance(oack, OptionAck)
+                sock.sendto(encode_ack(0), tid)
+                blocks = [(await receive(sock))[0].block for _ in range(4)]
+                assert blocks == [1, 2, 3, 4]
+                last = 4
+            else:
+                sock.sendto(rrq(), address)
+                data, tid = await receive(sock)
+                last = 1
+                if step == "lock-step ACK":
+                    sock.sendto(encode_ack(1), tid)  # DATA 2 by the fast path, fence asked
+                    data, _ = await receive(sock)
+                    last = 2
+                assert isinstance(data, Data) and data.block == last
+            assert queued(sock) == 0
+            fence.revoke()  # the lease is lost with the transfer in flight
+            if step != "retransmission":
+                sock.sendto(encode_ack(last), tid)  # asks for the next block or window
+            await server.wait_idle()  # the pump handed the job back (the timer, at most 0.5 s)
+            assert queued(sock) == 0
+        stats = server.stats
+        assert stats.transfers["fenced"] == 1 and stats.transfers["timeout"] == 0
+        assert stats.bytes_sent == 512 * last and stats.retransmits == 0  # only what went out
+        assert stats.errors_sent == {} and not server._jobs
+        assert fence.refused == 1
+
+
+@pytest.mark.parametrize("name", ["boot.bin", "missing.bin"])
+async def test_a_fence_closed_while_a_vip_request_is_admitted_sends_nothing(
+    tmp_path, monkeypatch, name
+):
+    """Admission awaits (opening the file in a worker thread); the fence asked on arrival
+    no longer holds when the first datagram (DATA, or ERROR 1) would leave the VIP."""
+    fence = vip_fence()
+    open_root = tftp_server.open_root
+
+    async def lease_lost_meanwhile(root, requested):
+        fence.revoke()
+        return await open_root(root, requested)
+
+    monkeypatch.setattr(tftp_server, "open_root", lease_lost_meanwhile)
+    async with tftp(tmp_path, fence) as (server, address):
+        with udp_client() as sock:
+            sock.sendto(rrq(name), address)
+            await trio.testing.wait_all_tasks_blocked()  # admitted, the file asked for
+            await server.wait_idle()
+            assert queued(sock) == 0
+        assert server.stats.transfers["fenced"] == 1 and server.stats.transfers["refused"] == 0
+        assert server.stats.errors_sent == {} and not server._jobs
+
+
+async def test_transfers_from_the_nodes_own_address_ignore_the_fence(tmp_path):
+    fence = vip_fence(vip="127.0.0.2")  # another address is the VIP
+    fence.revoke()
+    async with tftp(tmp_path, fence) as (server, address):
+        fetched = await fetch(address, "boot.bin", {"blksize": "512"})
+        await server.wait_idle()
+    assert fetched.data == pattern(0, 512 * BLOCKS)
+    assert server.stats.transfers["complete"] == 1 and fence.refused == 0
+
+
+# -- HTTP boot: events under the fence; the VIP answered only by the holder ---------------
+
+EVENTS = "/api/v1/machines/52-54-00-12-34-56/events"
+SECRET = b"s" * 32
+TOKEN = [("authorization", f"Bearer {machine_token(SECRET, '52:54:00:12:34:56')}")]
+BODY = json.dumps({"stage": "installed", "status": "ok"}).encode()
+
+
+def events_api(tmp_path: Path, fence: Fence, stats: HttpStats, announced: list):
+    """The built-in routes of an active node, its event store not running (flushed by hand)."""
+    store = EventStore(tmp_path / "events.journal", 16)
+    store.load()
+    policy = BootPolicy({"default": Profile("default", "vmlinuz", (), "")}, {}, "default")
+    routes = BuiltinRoutes(
+        root=tmp_path, policy=policy, secret=SECRET, store=store, stats=stats, public_url="",
+        admin_token="", max_event_bytes=4096, is_active=lambda: True, fence=fence.ok,
+        status=dict, metrics=CollectorRegistry(), script_hook=lambda **kw: None,
+        event_hook=lambda event: announced.append(event),
+    )  # fmt: skip
+    return store, Router(routes.api())
+
+
+async def test_an_event_made_durable_after_the_fence_closed_is_not_acknowledged(tmp_path):
+    """Journaled while active; the lease lost during the durability wait: no 201, no
+    httpboot_machine_event; the installer retries at the new active. Once the fence is
+    closed, nothing more is journaled. (The real clock: the fsync runs in a worker thread,
+    which the autojump clock would take for idleness and jump past every timeout.)"""
+    fence = Fence(trio.current_time)
+    fence.grant(trio.current_time() + 60)
+    stats, announced, replies = HttpStats(), [], []
+    store, router = events_api(tmp_path, fence, stats, announced)
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    connection = Connection(
+        server_stream, router, Limits(), stats, ("10.0.0.5", 1234), ("10.0.0.1", 80)
+    )
+    client = Client(client_stream)
+
+    async def post() -> None:
+        replies.append(await client.request("POST", EVENTS, TOKEN, BODY))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connection.serve)
+        for lose_the_lease in (False, True):
+            nursery.start_soon(post)
+            await trio.testing.wait_all_tasks_blocked()
+            assert store.committer.pending == 1  # written, waiting for the disk
+            if lose_the_lease:
+                fence.revoke()
+            await store.committer.flush()
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(post)  # the node still believes it is active: the fence says no
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.committer.pending == 0
+        nursery.cancel_scope.cancel()
+    assert [reply.status for reply in replies] == [201, 503, 503]
+    assert [event.seq for event in announced] == [1]
+    assert stats.event_refusals["fenced"] == 2 and sum(stats.events_recorded.values()) == 1
+    assert len(store.table.events("52:54:00:12:34:56")) == 2  # durable here all the same
+
+
+@contextlib.asynccontextmanager
+async def http(fence: Fence):
+    """Serving on 127.0.0.1 (the node's own address) and 127.0.0.2 (the VIP)."""
+
+    async def lease_lost_meanwhile(request):
+        await trio.sleep(0)
+        fence.revoke()
+        return Response.text("too late")
+
+    router = Router(
+        [
+            Route("GET", "/hello", lambda request: Response.text("hello")),
+            Route("GET", "/slow", lease_lost_meanwhile),
+        ]
+    )
+    addresses = (IPv4Address("127.0.0.1"), IPv4Address("127.0.0.2"))
+    server = HttpServer(addresses, 0, router, Limits(), HttpStats(), 10, fence=fence)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve)
+            yield server, *server.bound
+            nursery.cancel_scope.cancel()
+
+
+async def test_http_requests_to_the_vip_are_answered_only_by_the_holder():
+    """A request to the VIP is asked about on arrival and again before its answer leaves:
+    on a node that does not hold the lease it gets 503 and the connection is closed. The
+    node's own address is served whatever the role."""
+    fence = Fence(trio.current_time)
+    fence.vip = "127.0.0.2"  # never granted: this node is a standby
+    async with http(fence) as (server, own, vip):
+        client = await Client.connect(vip)
+        refused = await client.request("GET", "/hello")
+        assert refused.status == 503 and refused.header(b"retry-after") == b"1"
+        assert refused.header(b"connection") == b"close" and await client.closed_by_server()
+        await client.aclose()
+        client = await Client.connect(own)  # the node's own address: whatever the role
+        assert (await client.request("GET", "/hello")).body == b"hello"
+        await client.aclose()
+        fence.grant(trio.current_time() + 60)  # the holder now
+        client = await Client.connect(vip)
+        assert (await client.request("GET", "/hello")).status == 200
+        fence.revoke()  # lost: the next request on the kept-alive connection is refused
+        assert (await client.request("GET", "/hello")).status == 503
+        assert await client.closed_by_server()
+        await client.aclose()
+        fence.grant(trio.current_time() + 60)
+        client = await Client.connect(vip)
+        assert (await client.request("GET", "/slow")).status == 503  # lost while it ran
+        assert await client.closed_by_server()
+        await client.aclose()
+        assert server.stats.fenced == 3 and server.stats.requests[("GET", 503)] == 3

@@ -284,6 +284,7 @@ async def test_events_need_the_machines_own_token(tmp_path):
                 "too-large": 0,
                 "standby": 1,
                 "not-durable": 0,
+                "fenced": 0,
             }
             metrics = (await fetch(where, "GET", "/metrics")).body.decode()
             assert 'rackboot_http_events_total{status="ok"} 1.0' in metrics
