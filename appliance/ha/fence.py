@@ -43,6 +43,7 @@ class Fence:
         self.refused += 1
         return False
 
-    def may_send_from(self, address: str) -> bool:
-        """A datagram from ``address``: the VIP needs the lease, the node's own addresses do not."""
-        return address != self.vip or self.ok()
+    def guard_for(self, address: str) -> Callable[[], bool] | None:
+        """What to ask before each effect from ``address``: :meth:`ok` for the rack's VIP,
+        None for the node's own addresses (they speak for the node, not the rack)."""
+        return self.ok if address == self.vip else None

@@ -96,8 +96,7 @@ class HttpServer:
                 stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NOTSENT_LOWAT, 0)
         try:
             local = _name(stream.socket.getsockname())
-            fence = self.fence
-            guard = fence.ok if fence is not None and local[0] == fence.vip else None
+            guard = None if self.fence is None else self.fence.guard_for(local[0])
             connection = Connection(
                 stream, self.router, self.limits, self.stats, client, local, self.access_log, guard
             )

@@ -193,8 +193,7 @@ class TftpServer:
 
     def _guard(self, local: str) -> Guard | None:
         """``fence.ok`` when ``local`` is the rack's VIP; None for the node's own addresses."""
-        fence = self.fence
-        return fence.ok if fence is not None and local == fence.vip else None
+        return None if self.fence is None else self.fence.guard_for(local)
 
     async def _refuse(self, sock, refusal: Refused, peer: Address, local: str) -> None:
         # From the address the client sent to, even on a socket bound to 0.0.0.0.
