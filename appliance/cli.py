@@ -77,7 +77,9 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
     metrics.set_defaults(func=cmd_metrics)
     add_cluster_commands(sub, with_config)
     witness = with_config(
-        sub.add_parser("witness", help="run an election witness: votes only, no DHCP, no disk")
+        sub.add_parser(
+            "witness", help="run an election witness: votes only, no DHCP, no disk but crl.der"
+        )
     )
     witness.add_argument(
         "--listen", metavar="ADDRESS:PORT", help="UDP address (default: [ha] listen and port)"

@@ -10,6 +10,12 @@ envelope proves it (see :mod:`appliance.ha.envelope`).
 Every message carries ``group`` (the rack: one witness may vote for several
 racks) and ``req``, the proposer's number for the round, so a late or
 duplicated answer to an older round is recognised and ignored.
+
+The map may also carry ``"crl"``: the number of the sender's revocation list,
+which the envelope states so a receiver with a newer list can send it (see
+:mod:`appliance.ha.udp`). It is not a field of any message (the election
+never sees it), and senders older than it leave it out: their decoders ignore
+it like any extra key.
 """
 
 from __future__ import annotations
@@ -123,6 +129,7 @@ TYPES: dict[str, type] = {
 _PYTHON_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list[str]": list}
 MAX_LIST = 17  # node ids of a rack's appliances (16 peers and the proposer)
 MAX_SECONDS = 3600.0  # durations on the wire: a lease, what is left of one
+CRL_KEY = "crl"  # the sender's revocation list number: the envelope's, not a message field
 _FIELDS = {
     cls: [(f.name, _PYTHON_TYPES[str(f.type)]) for f in dataclasses.fields(cls)]
     for cls in TYPES.values()
@@ -132,15 +139,19 @@ _FIELDS = {
 class BadMessage(Exception):
     """Bytes that are not an election message; counted and dropped by the shell under
     ``kind``: ``malformed`` (not a signed datagram), ``certificate``, ``signature``,
-    ``message`` (signed, but not a valid message), ``rate-limited``."""
+    ``message`` (signed, but not a valid message), ``revocation-list`` (signed, carrying a
+    list the CA did not sign), ``rate-limited``."""
 
     def __init__(self, text: str, kind: str = "message") -> None:
         super().__init__(text)
         self.kind = kind
 
 
-def encode(message: Message) -> bytes:
+def encode(message: Message, *, crl: int | None = None) -> bytes:
+    """``crl``: the sender's revocation list number, stated beside the message's fields."""
     body = {"t": message.TYPE, **dataclasses.asdict(message)}
+    if crl is not None:
+        body[CRL_KEY] = crl
     return msgpack.packb(body, use_bin_type=True)
 
 
@@ -149,6 +160,11 @@ def _no_ext(code: int, data: bytes) -> Any:
 
 
 def decode_untrusted(data: bytes) -> Message:
+    return decode_with_crl_untrusted(data)[0]
+
+
+def decode_with_crl_untrusted(data: bytes) -> tuple[Message, int | None]:
+    """The message and the revocation list number its sender stated (None: not stated)."""
     if len(data) > MAX_MESSAGE:
         raise BadMessage(f"message of {len(data)} bytes exceeds the cap of {MAX_MESSAGE}")
     try:
@@ -168,7 +184,8 @@ def decode_untrusted(data: bytes) -> Message:
     values = {}
     for name, kind in _FIELDS[cls]:
         values[name] = _field(cls.TYPE, name, kind, raw.get(name))
-    return cls(**values)
+    crl = raw.get(CRL_KEY)
+    return cls(**values), None if crl is None else _field(raw["t"], CRL_KEY, int, crl)
 
 
 def _field(message: str, name: str, kind: type, value: Any) -> Any:

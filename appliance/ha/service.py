@@ -203,7 +203,8 @@ class HaService:
         )  # fmt: skip
         self.transport = UdpTransport(
             identity, str(settings.listen), settings.port,
-            revoked=lambda: self.node.cluster.identity.revocations.serials,
+            revocations=lambda: self.node.cluster.identity.revocations,
+            adopt=lambda crl: self.node.cluster.accept_crl(crl.der),
         )  # fmt: skip
         await self.transport.bind([*peers.values(), *witnesses.values()])
         self.runner = ElectionRunner(

@@ -8,6 +8,18 @@ without flooding the log. A flood cannot starve the trio thread: a known
 certificate costs a hash and a signature check, a refused one a hash (cached),
 an unknown one a chain verification only within a per-source and a global
 rate, and the receive loop yields to other tasks every :data:`BATCH` datagrams.
+
+Revocation lists travel on the same port (:mod:`appliance.ha.envelope`): each
+datagram sealed here states the number of the newest list this node knows,
+and the number each address last stated is kept. A newer list goes, as a
+datagram of its own, to an address this node is sending to anyway if that
+address stated an older one, and, when this node's list changes, to every
+configured peer and witness (checked every :data:`CHECK_EVERY`, a renewal). Nothing is sent to a source just because a
+datagram came from it, so a replayed or spoofed datagram makes this node send
+nothing it would not send anyway; and an address gets a list at most once per
+:data:`PUSH_INTERVAL`, all of them at most :data:`PUSH_RATE` a second: the port
+is no amplifier. A list learnt from a datagram is in force here at once, and
+handed to ``adopt`` (an appliance's cluster service, a witness's disk).
 """
 
 from __future__ import annotations
@@ -15,11 +27,12 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
 from appliance.cluster import pki
-from appliance.ha.envelope import MAX_DATAGRAM, Opener, seal
+from appliance.ha.envelope import MAX_DATAGRAM, Opened, Opener, seal, seal_crl
 from appliance.ha.messages import BadMessage, Message
 from appliance.logs import get_logger
 
@@ -27,11 +40,20 @@ log = get_logger("ha")
 
 Deliver = Callable[[str, str, Message], None]
 BATCH = 64  # datagrams handled before yielding to the other tasks of the trio thread
-REASONS = ("malformed", "certificate", "signature", "message", "rate-limited", "internal")
+REASONS = (
+    "malformed", "certificate", "signature", "message", "revocation-list", "rate-limited",
+    "internal",
+)  # fmt: skip
 # Verifications of certificates seen neither good nor bad: per source, and in all.
 SOURCE_RATE, SOURCE_BURST = 2.0, 8.0
 GLOBAL_RATE, GLOBAL_BURST = 50.0, 100.0
-MAX_SOURCES = 1024
+MAX_SOURCES = 1024  # also: addresses whose stated list number is kept
+# Revocation lists sent: a list change is offered to the configured members within
+# CHECK_EVERY; one list per address per PUSH_INTERVAL, PUSH_RATE a second in all.
+CHECK_EVERY = 0.25
+PUSH_INTERVAL = 1.0
+PUSH_RATE, PUSH_BURST = 16.0, 16.0
+Address = tuple[str, int]
 
 
 class TokenBucket:
@@ -54,24 +76,40 @@ def split(address: str) -> tuple[str, int]:
 
 class UdpTransport:
     def __init__(
-        self, identity, listen: str, port: int, revoked: Callable[[], frozenset[int]] | None = None
+        self,
+        identity,
+        listen: str,
+        port: int,
+        revocations: Callable[[], pki.Revocations] | None = None,
+        adopt: Callable[[pki.Revocations], Any] | None = None,
     ) -> None:
-        """``revoked``: the newest revocation list's serials, read for every datagram, so a
-        member removed with `rackboot cluster remove` is refused from that moment."""
+        """``revocations``: the node's newest revocation list (an appliance's cluster service
+        adopts newer ones from its peers), read for every datagram, so a member removed with
+        `rackboot cluster remove` is refused from that moment. ``adopt``: called with a newer
+        list learnt from a datagram, which is in force here already."""
         self.identity = identity
         self.key = identity.key
         self.cert_der = pki.cert_der(identity.cert)
-        self.opener = Opener(identity.ca, identity.revocations.serials)
-        self.revoked = revoked or (lambda: identity.revocations.serials)
+        self.opener = Opener(identity.ca, identity.revocations)
+        self.revocations = revocations or (lambda: identity.revocations)
+        self.adopt = adopt or (lambda crl: None)
         self.dropped = dict.fromkeys(REASONS, 0)
         self._buckets: dict[str, TokenBucket] = {}
         self._global: TokenBucket | None = None
         self.listen = (listen, port)
         self.sock: socket.socket | None = None  # non-blocking; sends never wait
         self.port: int | None = None
-        self._resolved: dict[str, tuple[str, int]] = {}
-        self.counters = {"sent": 0, "received": 0, "refused": 0, "send_errors": 0}
+        self._resolved: dict[str, Address] = {}
+        self.counters = dict.fromkeys(
+            ("sent", "received", "refused", "send_errors", "crl_received", "crl_adopted",
+             "crl_sent", "crl_limited", "crl_too_large"), 0,
+        )  # fmt: skip
         self._logged: set[tuple[str, str]] = set()
+        self._stated: dict[Address, int | None] = {}  # address -> the list number it last stated
+        self._offered = self.opener.revocations.number  # the newest list offered to the members
+        self._pushed: dict[Address, float] = {}  # address -> when it was last sent a list
+        self._push_bucket: TokenBucket | None = None
+        self._sealed_crl: tuple[int, bytes | None] = (-1, None)
 
     async def bind(self, addresses: list[str]) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -89,20 +127,30 @@ class UdpTransport:
         for address in addresses:
             host, port = split(address)
             infos = await trio.socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)
-            self._resolved[address] = infos[0][4][:2]
+            self._resolved[address] = (str(infos[0][4][0]), int(infos[0][4][1]))
 
     def send(self, address: str, message: Message) -> None:
+        self._sync()  # the datagram states the node's newest list, offered first if it is news
         target = self._resolved.get(address) or split(address)
+        number = self.opener.revocations.number
+        if self._behind(target, number):
+            self._send_crl(target)  # first: the receiver judges what follows by it
+        self._sendto(seal(message, self.key, self.cert_der, number), target, "sent")
+
+    def _sendto(self, datagram: bytes, target: Address, counter: str) -> None:
+        assert self.sock is not None
         try:
-            self.sock.sendto(seal(message, self.key, self.cert_der), target)
-            self.counters["sent"] += 1
+            self.sock.sendto(datagram, target)
+            self.counters[counter] += 1
         except OSError:  # a full buffer or an unreachable peer: the round will tell
             self.counters["send_errors"] += 1
 
     async def serve(self, deliver: Deliver) -> None:
         assert self.sock is not None
         while True:
-            await trio.lowlevel.wait_readable(self.sock)
+            with trio.move_on_after(CHECK_EVERY):  # a list change is offered even when quiet
+                await trio.lowlevel.wait_readable(self.sock)
+            self._sync()
             for _ in range(BATCH):
                 try:
                     data, source = self.sock.recvfrom(MAX_DATAGRAM + 1)
@@ -113,11 +161,11 @@ class UdpTransport:
                 self._open(data, source, deliver)
             await trio.lowlevel.checkpoint()  # renewals and DHCP share this thread
 
-    def _open(self, data: bytes, source: tuple[str, int], deliver: Deliver) -> None:
+    def _open(self, data: bytes, source: Address, deliver: Deliver) -> None:
         address = f"{source[0]}:{source[1]}"
         try:
-            self.opener.set_revoked(self.revoked())
-            sender, message = self.opener.open_untrusted(
+            self._sync()
+            opened = self.opener.open_untrusted(
                 data, pki.utc(time.time()), admit=lambda: self._admit(source[0])
             )
         except BadMessage as exc:
@@ -126,8 +174,90 @@ class UdpTransport:
         except Exception as exc:  # a bug of ours at the trust boundary must not stop the node
             self._refuse(address, "internal", f"{type(exc).__name__}: {exc}")
             return
+        self._note(source, opened.crl)
+        if opened.message is None:
+            self._received_crl(opened, address)
+            return
         self.counters["received"] += 1
-        deliver(sender, address, message)
+        deliver(opened.sender, address, opened.message)
+
+    # -- revocation lists ------------------------------------------------------------
+
+    def _sync(self) -> None:
+        """Adopt the node's newest list; if ours rose, offer it to every configured peer and
+        witness at once (whatever they stated: a number is only as fresh as its datagram),
+        but those that run a version without revocation lists."""
+        self.opener.adopt(self.revocations())
+        number = self.opener.revocations.number
+        if number > self._offered:
+            self._offered = number
+            for target in self._resolved.values():
+                if target not in self._stated or self._stated[target] is not None:
+                    self._send_crl(target)
+
+    def _note(self, source: Address, stated: int | None) -> None:
+        self._stated.pop(source, None)  # re-inserted last: the oldest goes first
+        if len(self._stated) >= MAX_SOURCES:
+            self._stated.pop(next(iter(self._stated)))
+        self._stated[source] = stated
+
+    def _behind(self, target: Address, number: int) -> bool:
+        """Did ``target`` last state a list older than ``number``? (Never heard from, or
+        stating none, an older version: no.)"""
+        stated = self._stated.get(target)
+        return stated is not None and stated < number
+
+    def _received_crl(self, opened: Opened, address: str) -> None:
+        self.counters["crl_received"] += 1
+        crl = opened.adopted
+        if crl is None:
+            return  # not newer than ours
+        self.counters["crl_adopted"] += 1
+        log.info(
+            "revocation list learnt from an election datagram", number=crl.number,
+            revoked=len(crl.serials), node_id=opened.sender, peer=address,
+        )  # fmt: skip
+        try:
+            self.adopt(crl)
+        except Exception as exc:  # already in force here; keeping it elsewhere failed
+            log.error("revocation list not handed on", number=crl.number, error=repr(exc))
+        self._sync()
+
+    def _send_crl(self, target: Address) -> None:
+        """Our list to ``target``, at most once per PUSH_INTERVAL per address."""
+        now = trio.current_time()
+        last = self._pushed.get(target)
+        if last is not None and now - last < PUSH_INTERVAL:
+            return
+        datagram = self._crl_datagram()
+        if datagram is None:
+            return
+        if self._push_bucket is None:
+            self._push_bucket = TokenBucket(PUSH_RATE, PUSH_BURST, now)
+        if not self._push_bucket.take(now):
+            self.counters["crl_limited"] += 1
+            return
+        self._pushed.pop(target, None)
+        if len(self._pushed) >= MAX_SOURCES:
+            self._pushed.pop(next(iter(self._pushed)))
+        self._pushed[target] = now
+        self._sendto(datagram, target, "crl_sent")
+
+    def _crl_datagram(self) -> bytes | None:
+        """Our list, sealed once per list; None if there is none or it does not fit."""
+        crl = self.opener.revocations
+        if self._sealed_crl[0] != crl.number:
+            datagram: bytes | None = seal_crl(crl.der, self.key, self.cert_der) if crl.der else None
+            if datagram is not None and len(datagram) > MAX_DATAGRAM:
+                self.counters["crl_too_large"] += 1
+                log.warning(
+                    "revocation list too large for an election datagram: witnesses learn it "
+                    "only from their crl.der at start", number=crl.number,
+                    revoked=len(crl.serials), size=len(datagram), cap=MAX_DATAGRAM,
+                )  # fmt: skip
+                datagram = None
+            self._sealed_crl = (crl.number, datagram)
+        return self._sealed_crl[1]
 
     def _refuse(self, address: str, kind: str, why: str) -> None:
         self.counters["refused"] += 1

@@ -85,6 +85,20 @@ def test_extra_keys_from_a_newer_peer_are_ignored():
     assert m.decode_untrusted(body(future=1)) == m.Prepare("rack1", 1, 1, "d", [])
 
 
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda x: x.TYPE)
+def test_the_senders_revocation_list_number_rides_beside_every_message(message):
+    data = m.encode(message, crl=7)
+    assert m.decode_with_crl_untrusted(data) == (message, 7)
+    assert m.decode_untrusted(data) == message  # what an older decoder sees: an extra key
+    assert m.decode_with_crl_untrusted(m.encode(message)) == (message, None)  # an older sender
+
+
+@pytest.mark.parametrize("value", [-1, 2**63, True, "7", 7.0, [7]])
+def test_a_stated_number_out_of_range_or_of_another_type_is_refused(value):
+    with pytest.raises(m.BadMessage, match="prepare: field 'crl'"):
+        m.decode_with_crl_untrusted(body(crl=value))
+
+
 @given(st.binary(max_size=1100))
 def test_arbitrary_bytes_raise_only_bad_message(data):
     try:
@@ -93,11 +107,13 @@ def test_arbitrary_bytes_raise_only_bad_message(data):
         pass
 
 
-@given(st.dictionaries(st.sampled_from(["t", "group", "req", "ballot", "members", "ok", "left", "appliances"]),
+@given(st.dictionaries(st.sampled_from(["t", "group", "req", "ballot", "members", "ok", "left", "appliances", "crl"]),
                        st.one_of(st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=70), st.booleans(),
                                  st.none(), st.sampled_from(list(m.TYPES)))))  # fmt: skip
 def test_arbitrary_maps_raise_only_bad_message(raw):
     try:
-        m.decode_untrusted(msgpack.packb(raw))
+        _, crl = m.decode_with_crl_untrusted(msgpack.packb(raw))
     except m.BadMessage:
         pass
+    else:
+        assert crl is None or 0 <= crl < 2**63
