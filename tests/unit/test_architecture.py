@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SANS_IO = [
     "appliance.schema",
     "appliance.frames",
+    "appliance.state.records",
+    "appliance.state.tables",
     "appliance.errors",
     "appliance.confine",  # the filesystem only: no network, no clock
     "plugins.dhcp.options",

@@ -1,0 +1,116 @@
+"""The state log on disk: one journal file of entries (appliance/journal.py does the
+framing, fsync, torn tails, damage copies and atomic rewrites); this module
+reads it back into tables and says what, if anything, is missing.
+
+Reading checks what the frames alone cannot: a snapshot holds as many
+entries as its head says, records follow with consecutive LSNs and epochs
+that never fall. The first break ends the **contiguous** part: everything
+up to it is applied; what comes after (``beyond``) is kept aside in the
+:class:`Recovery`, and the node says so loudly (status, log). A node with a
+leader to learn from cuts the log there and fetches the rest again (resync);
+a node on its own applies ``beyond`` as well, since the later records are
+the best it has (the damaged copy stays on disk for an operator).
+
+Blocking file I/O: trio code calls these from a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from appliance.journal import JournalFile
+from appliance.state.records import (
+    MAX_ENTRY,
+    BadEntry,
+    Record,
+    SnapshotEntry,
+    SnapshotHead,
+    decode_untrusted,
+    encode,
+)
+from appliance.state.tables import Tables
+
+
+@dataclass
+class Recovery:
+    """What opening the log found."""
+
+    tables: Tables
+    base: int  # LSN of the snapshot at the start of the file (0: none)
+    base_epoch: int  # the epoch of the snapshot's last record
+    tail: list[Record]  # records after the snapshot, applied
+    beyond: list[Record] = field(default_factory=list)  # records after a break, not applied
+    problem: str = ""  # why the contiguous part ended before the file did
+    damage: list[dict[str, Any]] = field(default_factory=list)  # the journal's reports
+
+
+def read_entries(payloads: list[bytes]) -> Recovery:
+    """Tables from a log's payloads, stopping at the first break (pure)."""
+    tables, tail = Tables(), list[Record]()
+    base, base_epoch, position = 0, 0, 0
+    try:
+        first = decode_untrusted(payloads[0]) if payloads else None
+        if isinstance(first, SnapshotHead):
+            snapshot = [decode_untrusted(p) for p in payloads[1 : 1 + first.entries]]
+            if len(snapshot) < first.entries or not all(
+                isinstance(e, SnapshotEntry) for e in snapshot
+            ):
+                raise BadEntry(f"the snapshot at LSN {first.lsn} is incomplete")
+            tables.restore(first, snapshot)  # type: ignore[arg-type]
+            base, base_epoch, position = first.lsn, first.epoch, 1 + first.entries
+    except BadEntry as exc:
+        return Recovery(tables, 0, 0, [], _records(payloads, 0), f"unreadable snapshot: {exc}")
+    for n in range(position, len(payloads)):
+        try:
+            record = decode_untrusted(payloads[n])
+            if not isinstance(record, Record):
+                raise BadEntry("a snapshot entry among the records")
+            tables.apply(record)
+        except ValueError as exc:  # BadEntry or OutOfOrder
+            return Recovery(tables, base, base_epoch, tail, _records(payloads[n:], tables.lsn),
+                            f"after LSN {tables.lsn}: {exc}")  # fmt: skip
+        tail.append(record)
+    return Recovery(tables, base, base_epoch, tail)
+
+
+def _records(payloads: list[bytes], after: int) -> list[Record]:
+    """The readable records among ``payloads`` past LSN ``after``, in order."""
+    out: list[Record] = []
+    for payload in payloads:
+        try:
+            entry = decode_untrusted(payload)
+        except BadEntry:
+            continue
+        if isinstance(entry, Record) and entry.lsn > max(after, out[-1].lsn if out else 0):
+            out.append(entry)
+    return out
+
+
+class StateLog:
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.journal = JournalFile(self.path, max_record=MAX_ENTRY)
+
+    def open(self) -> Recovery:
+        recovery = read_entries(self.journal.open())
+        recovery.damage = self.journal.damage
+        if self.journal.damage and not recovery.problem:
+            recovery.problem = "frames were damaged (see damage): records may be missing"
+        return recovery
+
+    def rewrite(self, tables: Tables, records: Iterable[Record]) -> None:
+        """The file becomes a snapshot of ``tables`` followed by ``records``
+        (compaction, or cutting a divergent tail). Raises CompactionError."""
+        self.journal.rewrite(snapshot_payloads(tables, records))
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+def snapshot_payloads(tables: Tables, records: Iterable[Record]) -> list[bytes]:
+    head, entries = tables.snapshot()
+    return [encode(head), *map(encode, entries), *map(encode, records)]

@@ -1,0 +1,300 @@
+"""One node's state (trio shell): the log's writer, the committed tables, the changefeed.
+
+Plugins keep what must survive a restart or a failover here, in namespaces
+of keys and values (docs/plugins.md, "State"):
+
+* ``put(ns, key, value)`` (``None`` deletes) appends a record stamped with the
+  rack lease's epoch and the next LSN; only the node that holds the lease
+  may (:class:`NotWriter` otherwise: the fence is asked at the moment of
+  the append). It returns once the record is **committed**: durable here
+  (group commit: one write and one fdatasync for everything appended
+  meanwhile) and acknowledged as the commit policy asks (:attr:`policy`;
+  a standalone node needs nothing more);
+* tables change only when a record commits, in LSN order (``get``, ``scan``);
+* ``subscribe(ns, after)`` yields every committed change of ``ns`` after a
+  position, in order, from memory or, when the log was compacted past it, a
+  :class:`Reset` with the namespace's whole content, then the changes after.
+
+The writer is one task: records are written in LSN order, and a write that
+fails is retried (nothing later is written before it), so the log never has
+a hole. Compaction rewrites the file as a snapshot of the committed tables
+plus the records not yet committed, atomically.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+
+from appliance.errors import RackbootError
+from appliance.journal import CompactionError, frame
+from appliance.logs import get_logger
+from appliance.state.log import Recovery, StateLog, snapshot_payloads
+from appliance.state.records import Record, encode
+from appliance.state.tables import Tables
+
+log = get_logger("state")
+
+COMPACT_MIN_RECORDS = 4096  # below this the log is never compacted
+COMPACT_RATIO = 4  # compact when the log holds this many records per live key
+RETRY_WRITE = 1.0  # s between attempts at a write that failed
+
+
+class NotWriter(RackbootError):
+    """Only the holder of the rack's lease writes state."""
+
+
+class Fence(Protocol):
+    epoch: int
+
+    def ok(self) -> bool: ...
+
+
+class CommitPolicy(Protocol):
+    def committable(self, durable: int) -> int:
+        """The highest LSN that may commit, given that ``durable`` is durable here."""
+        ...
+
+
+class LocalCommit:
+    """A node alone: durable here is committed."""
+
+    def committable(self, durable: int) -> int:
+        return durable
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a reader of the changefeed is: after record ``lsn`` of ``epoch``."""
+
+    epoch: int = 0
+    lsn: int = 0
+
+
+@dataclass(frozen=True)
+class Change:
+    position: Position
+    key: str
+    value: Any  # None: deleted
+
+
+@dataclass(frozen=True)
+class Reset:
+    """The whole namespace at ``position``: what a reader starts over from when the
+    changes after its position are no longer kept, or never were on this log."""
+
+    position: Position
+    items: dict[str, Any]
+
+
+class StateStore:
+    def __init__(self, directory: Path, fence: Fence, policy: CommitPolicy | None = None) -> None:
+        self.log = StateLog(Path(directory) / "log")
+        self.fence = fence
+        self.policy: CommitPolicy = policy or LocalCommit()
+        self.tables = Tables()
+        self.base = 0  # the snapshot at the start of the log file
+        self.base_epoch = 0  # the epoch of that snapshot's last record
+        self.tail: list[Record] = []  # committed records after ``base``, in LSN order
+        self.uncommitted: deque[tuple[Record, Callable[[Position], object] | None]] = deque()
+        self.recovery: Recovery | None = None
+        self.next_lsn = 1
+        self.durable = 0  # the last LSN on disk
+        self._unwritten = bytearray()  # frames of records not yet written, in LSN order
+        self._unwritten_last = 0
+        self._compact = False
+        self._wakeup = trio.Event()
+        self._committed = trio.Event()  # set and replaced on every commit
+        self.counters = {"writes": 0, "write_failures": 0, "compactions": 0,
+                         "compaction_failures": 0}  # fmt: skip
+
+    # -- start-up --------------------------------------------------------------------
+
+    def load(self) -> Recovery:
+        """Read the log (blocking). A break in it is reported, and what follows is applied
+        as well: the later records are the best this node has (see appliance/state/log.py)."""
+        recovery = self.log.open()
+        self.tables, self.base, self.tail = recovery.tables, recovery.base, list(recovery.tail)
+        self.base_epoch = recovery.base_epoch
+        if recovery.problem:
+            log.error("the state log is damaged: records may be missing", path=str(self.log.path),
+                      problem=recovery.problem, beyond=len(recovery.beyond))  # fmt: skip
+            for record in recovery.beyond:
+                self._skip_to(record)
+            # The changes across the hole cannot be told: readers start over from here, and
+            # the file is rewritten without the hole.
+            self.base, self.tail, self._compact = self.tables.lsn, [], True
+            self.base_epoch = self.tables.epoch
+        self.recovery = recovery
+        self.durable = self.tables.lsn
+        self.next_lsn = self.durable + 1
+        log.info("state loaded", path=str(self.log.path), lsn=self.tables.lsn,
+                 epoch=self.tables.epoch, keys=self.tables.count())  # fmt: skip
+        return recovery
+
+    def _skip_to(self, record: Record) -> None:
+        """Apply a record past a hole (a damaged log on a node alone)."""
+        if record.lsn <= self.tables.lsn or record.epoch < self.tables.epoch:
+            return
+        self.tables.lsn = record.lsn - 1
+        self.tables.apply(record)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The writer: one write + fdatasync for whatever was appended meanwhile."""
+        task_status.started()
+        self._wakeup.set()  # a compaction asked for at load
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                if self._compact:
+                    await self._compaction()
+                if self._unwritten:
+                    await self._write()
+        finally:
+            self.log.close()
+
+    async def _write(self) -> None:
+        data, last = bytes(self._unwritten), self._unwritten_last
+        count = last - self.durable
+        try:
+            await trio.to_thread.run_sync(self.log.journal.append, data, count)
+        except OSError as exc:
+            self.counters["write_failures"] += 1
+            log.error("state write failed; retrying", error=str(exc), records=count)
+            await trio.sleep(RETRY_WRITE)
+            self._wakeup.set()
+            return
+        del self._unwritten[: len(data)]
+        self.counters["writes"] += 1
+        self.durable = last
+        self.advance()
+
+    async def _compaction(self) -> None:
+        self._compact = False
+        # Records appended but not written stay in _unwritten and follow the new file.
+        written = [r for r, _ in self.uncommitted if r.lsn <= self.durable]
+        payloads = snapshot_payloads(self.tables, written)
+        try:
+            await trio.to_thread.run_sync(self.log.journal.rewrite, payloads)
+        except CompactionError as exc:
+            self.counters["compaction_failures"] += 1
+            log.error("state compaction failed", step=exc.step, replaced=exc.replaced,
+                      error=str(exc.__cause__))  # fmt: skip
+            if not exc.replaced:
+                return
+        self.counters["compactions"] += 1
+        self.base, self.base_epoch, self.tail = self.tables.lsn, self.tables.epoch, []
+
+    # -- writing (the holder of the lease) -------------------------------------------
+
+    def append(self, ns: str, key: str, value: Any,
+               on_commit: Callable[[Position], object] | None = None) -> Record:  # fmt: skip
+        """Append one record now; ``on_commit(position)`` runs once it commits."""
+        if not self.fence.ok():
+            raise NotWriter("this node does not hold the rack's lease: it cannot write state")
+        epoch = self.fence.epoch
+        if epoch < self.tables.epoch or (self.uncommitted and epoch < self.uncommitted[-1][0].epoch):
+            raise NotWriter(f"epoch {epoch} is older than the log's")
+        record = Record(epoch, self.next_lsn, ns, key, value)
+        self._unwritten += frame(encode(record))  # ValueError when too large: nothing changed
+        self.next_lsn += 1
+        self._unwritten_last = record.lsn
+        self.uncommitted.append((record, on_commit))
+        self._wakeup.set()
+        if len(self.tail) + len(self.uncommitted) > max(
+            COMPACT_MIN_RECORDS, COMPACT_RATIO * self.tables.count()
+        ):
+            self._compact = True
+        return record
+
+    async def put(self, ns: str, key: str, value: Any) -> Position:
+        """Append and wait until committed."""
+        done: list[Position] = []
+        event = trio.Event()
+
+        def committed(position: Position) -> None:
+            done.append(position)
+            event.set()
+
+        self.append(ns, key, value, committed)
+        await event.wait()
+        return done[0]
+
+    def advance(self) -> None:
+        """Commit what the policy allows now (after a write, or an acknowledgement)."""
+        limit = self.policy.committable(self.durable)
+        committed = False
+        while self.uncommitted and self.uncommitted[0][0].lsn <= limit:
+            record, callback = self.uncommitted.popleft()
+            self.tables.apply(record)
+            self.tail.append(record)
+            committed = True
+            if callback is not None:
+                callback(Position(record.epoch, record.lsn))
+        if committed:
+            self._committed.set()
+            self._committed = trio.Event()
+
+    # -- reading ---------------------------------------------------------------------
+
+    def get(self, ns: str, key: str, default: Any = None) -> Any:
+        return self.tables.get(ns, key, default)
+
+    def scan(self, ns: str, prefix: str = ""):
+        return self.tables.scan(ns, prefix)
+
+    @property
+    def position(self) -> Position:
+        return Position(self.tables.epoch, self.tables.lsn)
+
+    async def subscribe(self, ns: str, after: Position = Position()) -> AsyncIterator[Change | Reset]:
+        """Every committed change of ``ns`` after ``after``, in order, for as long as the
+        caller iterates; a :class:`Reset` first when the changes after ``after`` cannot be
+        told (compacted away, or ``after`` is not a position of this log's history)."""
+        position = after
+        while True:
+            while position.lsn < self.tables.lsn or not self._continues(position):
+                if not self._continues(position):
+                    position = self.position
+                    yield Reset(position, dict(self.tables.scan(ns)))
+                    continue
+                record = self.tail[position.lsn - self.base]
+                position = Position(record.epoch, record.lsn)
+                if record.ns == ns:
+                    yield Change(position, record.key, record.value)
+            await self._committed.wait()
+
+    def _continues(self, position: Position) -> bool:
+        """Can the changes after ``position`` be read from this log's memory? Only if this
+        log holds that very record: the same LSN written under the same epoch (one holder
+        per epoch writes each LSN once), and nothing before it was compacted away."""
+        if position.lsn == 0:
+            return self.base == 0
+        if not self.base <= position.lsn <= self.tables.lsn:
+            return False
+        if position.lsn == self.base:
+            return position.epoch == self.base_epoch
+        return self.tail[position.lsn - self.base - 1].epoch == position.epoch
+
+    # -- operators -------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        recovery = self.recovery
+        return {
+            "epoch": self.tables.epoch,
+            "lsn": self.tables.lsn,
+            "durable": self.durable,
+            "uncommitted": len(self.uncommitted),
+            "keys": self.tables.count(),
+            "snapshot": self.base,
+            **self.counters,
+            "problem": recovery.problem if recovery else "",
+            "damage": recovery.damage if recovery else [],
+        }
+
