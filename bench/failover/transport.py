@@ -40,8 +40,9 @@ from appliance.ha.messages import Prepare, Promise, decode_untrusted, encode
 from appliance.ha.witness import load_identity
 from tests.support.ha import enrol_members
 
-PREPARE = Prepare("rack1", 1, 1, 3)
-PROMISE = Promise("rack1", 1, 1, True, "", "", 0, 0.0, 3, False, 1, "a" * 16)
+# Shaped as the election's: a membership digest and two appliances' ids
+PREPARE = Prepare("rack1", 1, 1, "d" * 16, ["a" * 16, "b" * 16])
+PROMISE = Promise("rack1", 1, 1, True, "", "", 0, 0.0, 3, False, 1, "a" * 16, "d" * 16)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -85,7 +86,7 @@ async def udp_exchanges(a, b, count: int, *, retry: float | None = None) -> list
     async with trio.open_nursery() as nursery:
         nursery.start_soon(answer)
         for n in range(count):
-            request = seal(Prepare("rack1", n, 1, 3), a.key, der_a)
+            request = seal(Prepare(**{**PREPARE.__dict__, "req": n}), a.key, der_a)
             started = time.perf_counter()
             while True:
                 await sa.sendto(request, sb.getsockname())
