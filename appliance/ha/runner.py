@@ -41,7 +41,7 @@ class TrioClock:
         return local
 
 
-async def _no_pause() -> None:
+async def _no_pause(step: str = "woke") -> None:
     pass
 
 
@@ -58,13 +58,14 @@ class ElectionRunner:
         clock: Clock,
         on_event: Callable[[Event], None],
         persist: Callable[[int], Awaitable[None]],
-        resume: Callable[[], Awaitable[None]] = _no_pause,
+        resume: Callable[..., Awaitable[None]] = _no_pause,
         confirm: Callable[[str], Awaitable[None]] = _nowhere,
         notice: Callable[[str], None] = lambda text: None,
     ) -> None:
-        """``resume``: awaited after every wake-up; the simulation blocks it while the
-        process is paused (a real process simply does not run). ``confirm``: keeps a
-        membership digest every peer appliance was seen to share."""
+        """``resume``: awaited after every wake-up, and with ``"sent"`` between sending and
+        applying events; the simulation blocks it while the process is paused (a real
+        process simply does not run). ``confirm``: keeps a membership digest every peer
+        appliance was seen to share."""
         self.election = election
         self.confirm = confirm
         self.notice = notice
@@ -130,6 +131,7 @@ class ElectionRunner:
             self.notice(self.election.notices.popleft())
         for address, message in self.election.datagrams_to_send():
             self.send(address, message)
+        await self.resume("sent")  # a step of its own in the simulation
         while (event := self.election.next_event()) is not None:
             self.on_event(event)
 
@@ -143,7 +145,7 @@ class WitnessRunner:
         send: Send,
         *,
         clock: Clock,
-        resume: Callable[[], Awaitable[None]] = _no_pause,
+        resume: Callable[..., Awaitable[None]] = _no_pause,
     ) -> None:
         self.acceptors = acceptors
         self.send = send

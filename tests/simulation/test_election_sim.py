@@ -1,104 +1,102 @@
-"""The election under seeded faults, many nodes in one trio.run on the mock clock.
+"""Whole racks under seeded faults, many nodes in one trio.run on the mock clock.
 
-CI runs ``RACKBOOT_SIM_SEEDS`` seeds (default 200, about a minute); the long
-mode is ``python -m tests.simulation --seeds 5000``. A failure prints the
-failing seeds; ``python -m tests.simulation --seed S --trace`` replays one.
+Every CI seed set (scenario.py ``SETS``) runs ``RACKBOOT_SIM_SEEDS`` seeds (default
+200, 10,000 under ``RACKBOOT_TEST_PROFILE=long``) on every CPU, keeps the invariants
+(checker.py) and exercises what it is for (``floors``: a set that never paused a
+holder between its fence check and its send proves nothing about that pause). Each
+deliberate mutation (mutations.py) must be caught by its set. A failure prints the
+failing seeds; ``python -m tests.simulation --set NAME --seed S --trace`` replays one.
 """
 
 from __future__ import annotations
 
-import os
+import pytest
 
-import appliance.ha.acceptor as acceptor_module
-import appliance.ha.proposer as proposer_module
-from appliance.ha.fence import Fence
-from appliance.ha.schema import Timing
-from tests.simulation.scenario import MARGIN_BOUND, run_seed, summary
+from tests.simulation.mutations import MUTATIONS
+from tests.simulation.runs import default_seeds, run_seeds
+from tests.simulation.scenario import CI_SETS, DEFAULT_WEIGHTS, SETS, SeedSet, run_seed, summary
 
-SEEDS = int(os.environ.get("RACKBOOT_SIM_SEEDS", "200"))
+SEEDS = default_seeds()
+SOME = 1 if SEEDS >= 100 else 0  # a floor that a run of a few seeds may miss
 
 
-def test_every_seed_keeps_the_invariants_and_elects_one_holder_after_healing():
-    results = [run_seed(seed) for seed in range(SEEDS)]
+def floors(seed_set: SeedSet) -> dict[str, float]:
+    """What the set's seeds must have exercised, in all."""
+    weights = {**DEFAULT_WEIGHTS, **seed_set.weights}
+    need = {
+        "failovers": SEEDS / 2,
+        "fence said yes": SEEDS * 50,
+        "holders resumed after their lease": SOME,
+        "pauses at persist": SOME,
+        "pauses at checked": SOME,
+        "effects sent late (past the margin's cover)": SOME,
+        "stale effects rejected by the resource": SOME,
+        "hand-overs": SOME,
+        "replayed handover": SOME,
+        "replayed propose": SOME,
+        "replayed release": SOME,
+        "operator: demote": SOME,
+        "operator: maintenance on": SOME,
+        "operator: force": SOME,
+    }
+    optional = {
+        "lease": "restarts with a shorter lease than before",
+        "lower-lease": "lease lowered beside a holder cut off from the rest",
+        "amnesia": "amnesia scenarios: holder killed after witnesses restarted",
+        "reconfigure": "membership changes",
+    }
+    need |= {seen: SOME for kind, seen in optional.items() if weights[kind]}
+    if seed_set.rates == "slow-holder":
+        need["slowest holder, fastest acceptors"] = SEEDS
+    if seed_set.late[1]:
+        need["grants near the round timeout"] = SEEDS
+    return need
+
+
+def totals(results) -> dict[str, int]:
+    seen: dict[str, int] = {}
+    for result in results:
+        for key, count in result.seen.items():
+            seen[key] = seen.get(key, 0) + count
+    return seen
+
+
+@pytest.mark.parametrize("name", CI_SETS)
+def test_every_seed_of_the_set_keeps_the_invariants(name):
+    results = run_seeds(name, range(SEEDS))
     report = summary(results)
-    print(report)
+    print(f"{name}: {SETS[name].doc}\n{report}")
     assert all(r.ok for r in results), report
-    # the faults reached what the invariants are about
-    assert sum(r.failovers for r in results) > SEEDS / 2
-    assert sum(r.stale_resumes for r in results) > 0
-    assert sum(r.effects for r in results) > SEEDS * 50
+    seen = totals(results)
+    missed = {k: (seen.get(k, 0), f) for k, f in floors(SETS[name]).items() if seen.get(k, 0) < f}
+    assert not missed, f"not exercised (seen, floor): {missed}"
 
 
 def test_a_seed_replays_the_same_run():
-    first, again, other = run_seed(7, trace=True), run_seed(7, trace=True), run_seed(8)
+    first, again, other = (run_seed(s, "slow-holder", trace=True) for s in (7, 7, 8))
     assert first.trace == again.trace and first.digest == again.digest
     assert len(first.trace) > 500
     assert other.digest != first.digest
 
 
-def test_the_checker_catches_acceptors_that_grant_over_a_live_lease(monkeypatch):
-    """Without the 'busy' refusal a higher ballot takes the lease from a live holder."""
-    real = acceptor_module.Acceptor._refusal
-
-    def forgetful(self, sender, acceptors, now):
-        why, grant = real(self, sender, acceptors, now)
-        return ("" if why == "busy" else why), grant
-
-    monkeypatch.setattr(acceptor_module.Acceptor, "_refusal", forgetful)
-    result = run_seed(0)
-    assert not result.ok
-    assert "two holders" in " ".join(result.violations)
+@pytest.mark.parametrize("name", MUTATIONS)
+def test_the_seed_set_catches_the_mutation(name):
+    mutation = MUTATIONS[name]
+    results = run_seeds(
+        mutation.set, range(SEEDS), mutation=name,
+        until=lambda r: any(mutation.expect in v for v in r.violations),
+    )  # fmt: skip
+    caught = [r for r in results if any(mutation.expect in v for v in r.violations)]
+    assert caught, f"none of {SEEDS} seeds of {mutation.set} caught: {mutation.doc}"
 
 
-def test_the_checker_catches_an_effect_without_the_fence(monkeypatch):
-    """A node that acts without asking the fence, woken from a pause past its lease."""
-    monkeypatch.setattr(Fence, "ok", lambda self: True)
-    caught = [r.seed for r in map(run_seed, range(10)) if not r.ok]
-    assert caught, "no seed of 10 caught an effect after validity"
-
-
-def first_failing(**kwargs) -> int | None:
-    return next((s for s in range(SEEDS) if not run_seed(s, **kwargs).ok), None)
-
-
-def test_the_checker_catches_a_replayed_propose_accepted_again(monkeypatch):
-    """The adversary replays captured frames: an acceptor that takes a round's proposal
-    again (the old rule) votes twice for one round, and a dead holder's grant lives on."""
-    from appliance.ha.messages import Propose
-
-    real = acceptor_module.Acceptor._fresh
-
-    def twice(self, sender, message):
-        if isinstance(message, Propose):
-            return message.req == self._last_req.get(sender, -1)
-        return real(self, sender, message)
-
-    monkeypatch.setattr(acceptor_module.Acceptor, "_fresh", twice)
-    assert first_failing() is not None
-
-
-def test_the_checker_catches_a_margin_of_zero_with_five_percent_drift():
-    timing = Timing(lease=1.0, renew=0.25, margin=0.0, max_clock_rate_error=0.05)
-    assert first_failing(timing=timing) is not None, f"none of {SEEDS} seeds caught margin 0"
-
-
-def test_adversarial_timing_keeps_the_invariants():
-    """The margin at its legal minimum, every clock at a bound of the allowed rate error,
-    and slow queues near the round timeout."""
-    results = [run_seed(s, timing=MARGIN_BOUND, extreme_rates=True) for s in range(SEEDS)]
-    report = summary(results)
-    assert all(r.ok for r in results), report
-
-
-def test_the_checker_catches_validity_counted_from_the_grant(monkeypatch):
-    """The holder's lease must count from the round's start, before it asked: counted from
-    the grant, a late answer stretches it past the acceptors' timers."""
-    real = proposer_module.Proposer._granted
-
-    def from_grant(self, now):
-        if self.round is not None:
-            self.round.start = now
-        real(self, now)
-
-    monkeypatch.setattr(proposer_module.Proposer, "_granted", from_grant)
-    assert first_failing(timing=MARGIN_BOUND, extreme_rates=True) is not None
+@pytest.mark.xfail(
+    strict=True,
+    reason="runner.py sends what the election queued before it applies its events: a "
+    "release leaves before the fence is revoked (reported; docs/ha.md says the reverse)",
+)
+def test_a_holder_stopped_right_after_its_release_left_is_the_only_holder():
+    """A pause between the runner's sends and its events (step ``sent``), as a holder
+    releases (demote, maintenance): the other appliance takes over at once."""
+    results = run_seeds("pause-after-send", range(SEEDS), until=lambda r: not r.ok)
+    assert all(r.ok for r in results), summary(results)
