@@ -22,6 +22,8 @@ SANS_IO = [
     "appliance.frames",
     "appliance.state.records",
     "appliance.state.tables",
+    "appliance.state.signing",
+    "appliance.state.replication",
     "appliance.errors",
     "appliance.confine",  # the filesystem only: no network, no clock
     "plugins.dhcp.options",
