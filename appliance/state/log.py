@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from appliance.frames import scan_untrusted
 from appliance.journal import JournalFile
 from appliance.state.records import (
     MAX_ENTRY,
@@ -48,8 +49,9 @@ class Recovery:
     damage: list[dict[str, Any]] = field(default_factory=list)  # the journal's reports
 
 
-def read_entries(payloads: list[bytes]) -> Recovery:
-    """Tables from a log's payloads, stopping at the first break (pure)."""
+def read_entries(payloads: list[bytes], upto: int | None = None) -> Recovery:
+    """Tables from a log's payloads, stopping at the first break, or after record
+    ``upto`` (pure)."""
     tables, tail = Tables(), list[Record]()
     base, base_epoch, position = 0, 0, 0
     try:
@@ -65,6 +67,8 @@ def read_entries(payloads: list[bytes]) -> Recovery:
     except BadEntry as exc:
         return Recovery(tables, 0, 0, [], _records(payloads, 0), f"unreadable snapshot: {exc}")
     for n in range(position, len(payloads)):
+        if upto is not None and tables.lsn >= upto:
+            break
         try:
             record = decode_untrusted(payloads[n])
             if not isinstance(record, Record):
@@ -106,6 +110,12 @@ class StateLog:
         """The file becomes a snapshot of ``tables`` followed by ``records``
         (compaction, or cutting a divergent tail). Raises CompactionError."""
         self.journal.rewrite(snapshot_payloads(tables, records))
+
+    def tables_upto(self, lsn: int) -> Tables:
+        """The state after record ``lsn`` as this file holds it (empty if ``lsn`` is
+        before its snapshot), read without disturbing the open journal."""
+        recovery = read_entries(scan_untrusted(self.path.read_bytes(), MAX_ENTRY).payloads, lsn)
+        return recovery.tables if recovery.tables.lsn == lsn else Tables()
 
     def close(self) -> None:
         self.journal.close()

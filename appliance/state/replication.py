@@ -11,7 +11,7 @@ the active (leader):
 3. follower: cuts its log after the last record both logs share (the end the
    leader named, or the end of that epoch in its own log if the leader never
    wrote the follower's epoch: Kafka's KIP-279 rule), and says
-   ``["from", epoch, lsn]``: its last record after the cut;
+   ``["from", epoch, lsn]``: its last record after the cut (:meth:`FollowerStream.resume`);
 4. leader: a snapshot if it no longer keeps the records after that
    (``["snapshot", epoch, head, entries, done]`` chunks, then the records
    after it), else the records after it: ``["records", epoch, [record, ...]]``,
@@ -121,7 +121,15 @@ class FollowerStream:
             raise Refused("old-epoch", f"epoch {message[1]} < {self.highest_epoch}")
         self.highest_epoch = message[1]
 
-    def _end(self, message: list[Any]) -> tuple[list[Action], list[Any]]:
+    def resume(self, epoch: int, lsn: int) -> list[Any]:
+        """After the cut (if any) the shell made: where this log really ends now (a cut
+        below the local snapshot leaves nothing, and the leader sends a snapshot)."""
+        if self.stage != "cut":
+            raise Refused("unexpected", "resume before the leader named its end")
+        self.last_epoch, self.last_lsn, self.stage = epoch, lsn, "stream"
+        return ["from", epoch, lsn]
+
+    def _end(self, message: list[Any]) -> tuple[list[Action], None]:
         if len(message) != 3 or not _uint(message[1]) or not isinstance(message[2], int):
             raise Refused("malformed", "end")
         epoch, end = message[1], message[2]
@@ -132,20 +140,8 @@ class FollowerStream:
         else:
             mine = self.history.end_of(epoch, self.last_lsn)
             cut = min(end, mine if mine is not None else 0)
-        actions: list[Action] = []
-        if cut < self.last_lsn:
-            actions.append(Truncate(cut))
-            self.last_lsn = cut
-            self.last_epoch = self._epoch_at(cut)
-        self.stage = "stream"
-        return actions, ["from", self.last_epoch, self.last_lsn]
-
-    def _epoch_at(self, lsn: int) -> int:
-        epoch = 0
-        for e, first in self.history.entries:
-            if first <= lsn:
-                epoch = e
-        return epoch
+        self.stage = "cut"
+        return ([Truncate(cut)] if cut < self.last_lsn else []), None
 
     def _snapshot_chunk(self, message: list[Any]) -> list[Action]:
         if len(message) != 5 or not isinstance(message[3], list) or message[4] not in (0, 1):

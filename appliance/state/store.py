@@ -35,7 +35,7 @@ from appliance.errors import RackbootError
 from appliance.journal import CompactionError, frame
 from appliance.logs import get_logger
 from appliance.state.log import Recovery, StateLog, snapshot_payloads
-from appliance.state.records import Record, encode
+from appliance.state.records import EpochHistory, Record, SnapshotEntry, SnapshotHead, encode
 from appliance.state.tables import Tables
 
 log = get_logger("state")
@@ -118,6 +118,7 @@ class StateStore:
     def load(self) -> Recovery:
         """Read the log (blocking). A break in it is reported, and what follows is applied
         as well: the later records are the best this node has (see appliance/state/log.py)."""
+        self.log.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         recovery = self.log.open()
         self.tables, self.base, self.tail = recovery.tables, recovery.base, list(recovery.tail)
         self.base_epoch = recovery.base_epoch
@@ -226,6 +227,12 @@ class StateStore:
         await event.wait()
         return done[0]
 
+    def follow(self) -> None:
+        """This node follows a leader now: what is on its disk is committed here (what it
+        wrote as a leader and nobody acknowledged is cut later if the leader lacks it)."""
+        self.policy = LocalCommit()
+        self.advance()
+
     def advance(self) -> None:
         """Commit what the policy allows now (after a write, or an acknowledgement)."""
         limit = self.policy.committable(self.durable)
@@ -240,6 +247,81 @@ class StateStore:
         if committed:
             self._committed.set()
             self._committed = trio.Event()
+
+    # -- replication: what a leader's streams read (replication.Source) --------------
+
+    def last(self) -> int:
+        return self.next_lsn - 1
+
+    def records(self, after: int, limit: int) -> list[Record]:
+        out = self.tail[max(0, after - self.base) : max(0, after - self.base) + limit]
+        if len(out) < limit:
+            skip = max(0, after - self.tables.lsn)
+            out.extend(r for n, (r, _) in enumerate(self.uncommitted)
+                       if skip <= n < skip + limit - len(out))  # fmt: skip
+        return out
+
+    def snapshot(self) -> tuple[SnapshotHead, list[SnapshotEntry]]:
+        return self.tables.snapshot()
+
+    def end_of(self, epoch: int) -> tuple[int, int]:
+        history = EpochHistory(self.tables.history.entries)
+        for record, _ in self.uncommitted:
+            history.note(record.epoch, record.lsn)
+        newest = max((e for e, _ in history.entries if e <= epoch), default=epoch)
+        end = history.end_of(epoch, self.last())
+        return newest, -1 if end is None or self.base > 0 and end < self.base else end
+
+    def epoch_at(self, lsn: int) -> int | None:
+        if lsn == self.base:
+            return self.base_epoch
+        if self.base < lsn <= self.tables.lsn:
+            return self.tail[lsn - self.base - 1].epoch
+        n = lsn - self.tables.lsn - 1
+        return self.uncommitted[n][0].epoch if 0 <= n < len(self.uncommitted) else None
+
+    # -- replication: a follower's side ----------------------------------------------
+
+    def append_replicated(self, records: list[Record], on_durable: Callable[[int], object]) -> None:
+        """Records from the leader, already checked to continue this log; they commit here
+        once durable (a follower commits what its leader sent), then ``on_durable(lsn)``."""
+        for record in records:
+            self._unwritten += frame(encode(record))
+            self.uncommitted.append((record, None))
+        last = records[-1]
+        self._unwritten_last, self.next_lsn = last.lsn, last.lsn + 1
+        self.uncommitted[-1] = (last, lambda _position: on_durable(last.lsn))
+        self._wakeup.set()
+
+    async def cut_after(self, lsn: int) -> None:
+        """Drop every record after ``lsn`` (a divergent tail): the tables and the file
+        are rebuilt from what the file holds up to it (nothing, if ``lsn`` is before
+        its snapshot: the leader then sends one)."""
+        await self._settled()
+        tables = await trio.to_thread.run_sync(self.log.tables_upto, lsn)
+        await self._replace(tables)
+        log.warning("cut the log's divergent tail", after=lsn, kept=tables.lsn)
+
+    async def install(self, head: SnapshotHead, entries: list[SnapshotEntry]) -> None:
+        """Replace everything with the leader's snapshot."""
+        await self._settled()
+        tables = Tables()
+        tables.restore(head, entries)
+        await self._replace(tables)
+        log.info("installed the leader's snapshot", lsn=head.lsn, keys=len(entries))
+
+    async def _settled(self) -> None:
+        """Wait until what was appended is on disk and committed (a follower's)."""
+        while self._unwritten or self.uncommitted:
+            await self._committed.wait()
+
+    async def _replace(self, tables: Tables) -> None:
+        await trio.to_thread.run_sync(self.log.journal.rewrite, snapshot_payloads(tables, []))
+        self.tables, self.tail = tables, []
+        self.base, self.base_epoch = tables.lsn, tables.epoch
+        self.durable, self.next_lsn = tables.lsn, tables.lsn + 1
+        self._committed.set()
+        self._committed = trio.Event()
 
     # -- reading ---------------------------------------------------------------------
 

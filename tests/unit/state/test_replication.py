@@ -57,8 +57,10 @@ def run(leader: LeaderStream, follower: FollowerStream, have: list[Record]) -> l
     log = list(have)
     reply = leader.receive(follower.hello())
     actions, answer = follower.receive(reply)
-    assert leader.receive(answer) is None
+    assert answer is None
     apply(log, actions)
+    last = log[-1] if log else None
+    assert leader.receive(follower.resume(last.epoch if last else 0, len(log))) is None
     while (message := leader.next_message()) is not None:
         actions, back = follower.receive(message)
         assert back is None
@@ -133,8 +135,8 @@ def test_a_snapshot_is_sent_in_chunks_and_installed_whole():
     source = MemorySource(records, base=5000)
     leader = LeaderStream(source, epoch=1)
     follower = follower_of([])
-    follower.receive(leader.receive(follower.hello()))[1]
-    leader.receive(["from", 0, 0])
+    follower.receive(leader.receive(follower.hello()))
+    leader.receive(follower.resume(0, 0))
     chunks = []
     while (message := leader.next_message()) is not None:
         chunks.append(follower.receive(message)[0])
@@ -147,6 +149,7 @@ def test_frames_of_an_older_epoch_are_refused():
     follower = follower_of(log_of([1] * 3), known_epoch=5)
     follower.hello()
     follower.receive(["end", 1, 3])
+    follower.resume(1, 3)
     with pytest.raises(Refused) as refused:
         follower.receive(["records", 4, []])
     assert refused.value.reason == "old-epoch"
@@ -159,6 +162,7 @@ def test_replays_gaps_and_messages_out_of_turn_are_refused():
         follower.receive(["records", 1, []])  # before the hand-shake
     follower.hello()
     follower.receive(["end", 1, 3])
+    follower.resume(1, 3)
     with pytest.raises(Refused) as replay:
         follower.receive(["records", 1, [encode(Record(1, 3, "ns", "k", 1))]])
     assert replay.value.reason == "replay"
