@@ -164,7 +164,9 @@ def operator(what: str, pick=_appliance):
             # stopped right after the release leaves (the runner sends, then applies events)
             process.trap = Trap("sent", rng.uniform(0.001, 0.3))
         if what == "maintenance on":  # the update takes a while, then maintenance off
-            world.schedule.start_soon(_later, rng.uniform(0.2, 3.0), process.command, "off")
+            world.schedule.start_soon(
+                _later, rng.uniform(0.2, 3.0), process.command, "maintenance off"
+            )
 
     return command
 
@@ -261,7 +263,7 @@ def heal_all(world: World) -> None:
         if not process.alive:
             process.start()
         elif process.election is not None and process.election.maintenance:
-            process.command("off")
+            process.command("maintenance off")
     world.note("healed")
 
 

@@ -70,6 +70,7 @@ class SeedSet:
     # while runner.py sends a release before it revokes the fence (test_election_sim.py).
     after_send: bool = False
     finish_rollouts: bool = True  # at healing: one membership, one lease
+    replay_answers: bool = False  # the adversary replays answers to rounds with their id
     ci: bool = True
 
     @property
@@ -108,6 +109,9 @@ SETS = {
         SeedSet("pause-after-send", "the default set, more demotes and maintenance, each "
                 "stopping the holder right after its release left (before its events)",
                 DEFAULT, after_send=True, weights={"demote": 6, "maintenance": 6}, ci=False),
+        SeedSet("replayed-answers", "the default set, the adversary also replaying the "
+                "answers to one proposer's round to another asking with the same request id",
+                DEFAULT, replay_answers=True, ci=False),
         SeedSet("mixed-leases", "three appliances and a witness, a0 and a1 on the shorter "
                 "lease, a2 on the longer, no fault", DEFAULT, layouts=((3, 1),),
                 short=("a0", "a1"), weights=QUIET, finish_rollouts=False, ci=False),
@@ -170,6 +174,7 @@ def _world(seed: int, seed_set: SeedSet) -> World:
         rates=_rates(seed_set, pick, appliances + witnesses), faults=Faults(late=seed_set.late),
     )  # fmt: skip
     world.seed_set = seed_set
+    world.network.targeted = seed_set.replay_answers
     for name in seed_set.short:
         world.processes[name].timing = seed_set.timings[1]
     if seed_set.reconfigure:  # half the racks start misconfigured: the last appliance lists w1

@@ -25,7 +25,7 @@ import trio.testing
 
 from appliance.ha.election import AcceptorSet, Election
 from appliance.ha.fence import Fence
-from appliance.ha.messages import Accepted, Handover, Prepare
+from appliance.ha.messages import Accepted, Handover, Prepare, Promise, Propose
 from appliance.ha.proposer import Acquired, Lost, Renewed
 from appliance.ha.runner import ElectionRunner, WitnessRunner
 from appliance.ha.schema import Timing
@@ -100,6 +100,9 @@ class Network:
         self.latest: dict[str, deque] = {}  # what the adversary captured, per message type
         self.sample: dict[str, list] = {}
         self._captured: dict[str, int] = {}
+        self.targeted = False  # the adversary also replays answers to matching rounds
+        self._answers: dict[tuple[str, int], dict[str, tuple[str, object]]] = {}
+        self._targeted: set[tuple[str, str, int]] = set()
 
     def send(self, src: str, dst: str, message) -> None:
         self.sent += 1
@@ -107,6 +110,8 @@ class Network:
             self.world.checker.accepted(self.world.processes[src], message.promised_by, message.req)
         if dst != RESOURCE:
             self._capture(src, message)
+        if self.targeted:
+            self._replay_answers(src, dst, message)
         faults = self.faults
         if (src, dst) in faults.cut or self.rng.random() < faults.drop:
             return
@@ -116,8 +121,27 @@ class Network:
             at += faults.slow.get((src, dst), 0.0)
             if faults.late[1] and getattr(self.world.processes.get(dst), "active", False):
                 at += self.rng.uniform(*faults.late)
-            heapq.heappush(self._heap, (at, next(self._seq), src, dst, message))
+            self._push(at, src, dst, message, src)
+
+    def _push(self, at: float, src: str, dst: str, message, address: str) -> None:
+        heapq.heappush(self._heap, (at, next(self._seq), src, dst, message, address))
         self._wake.set()
+
+    def _replay_answers(self, src: str, dst: str, message) -> None:
+        """The targeted adversary: the answers an acceptor gave one proposer's round go to
+        another proposer as soon as it asks with the same request id (request ids of two
+        appliances that booted as often coincide)."""
+        if isinstance(message, Promise | Accepted) and message.ok:
+            self._answers.setdefault((message.TYPE, message.req), {})[src] = (dst, message)
+            return
+        answer = {Prepare: "promise", Propose: "accepted"}.get(type(message))
+        if answer is None or (src, answer, message.req) in self._targeted:
+            return
+        self._targeted.add((src, answer, message.req))
+        for acceptor, (asked, captured) in self._answers.get((answer, message.req), {}).items():
+            if asked != src:
+                self.world.checker.seen[f"targeted replays ({answer})"] += 1
+                self._push(trio.current_time() + 0.001, acceptor, src, captured, ADVERSARY)
 
     def _capture(self, src: str, message) -> None:
         """Keep the latest frames of each type, and a uniform sample of all of them."""
@@ -134,12 +158,12 @@ class Network:
         while True:
             now = trio.current_time()
             while self._heap and self._heap[0][0] <= now:
-                _, _, src, dst, message = heapq.heappop(self._heap)
+                _, _, src, dst, message, address = heapq.heappop(self._heap)
                 endpoint = self.endpoints.get(dst)
-                if endpoint is None or (src, dst) in self.faults.cut:
+                if endpoint is None or (address == src and (src, dst) in self.faults.cut):
                     continue  # nobody listens, or the cable was cut while it flew
-                self.world.note(f"deliver {src}>{dst} {message.TYPE} {message.req}")
-                endpoint.deliver(src, src, message)
+                self.world.note(f"deliver {address}>{dst} {message.TYPE} {message.req}")
+                endpoint.deliver(src, address, message)
             self._wake = trio.Event()
             with trio.move_on_at(self._heap[0][0] if self._heap else math.inf):
                 await self._wake.wait()
@@ -315,11 +339,11 @@ class Process:
         if not self.witness and self.alive:
             self.world.nursery.start_soon(self.world.checker.stepped_down_after_pause, self)
 
-    # -- an operator's commands (rackboot ha ...; service.py refuses them while paused) ----
+    # -- an operator's commands (rackboot ha ..., as service.py applies them) -------------
 
     def command(self, what: str) -> bool:
-        """``promote``, ``force`` (promote --force), ``demote``, ``maintenance on``, ``off``
-        (maintenance off)."""
+        """``promote``, ``force`` (promote --force), ``demote``, ``maintenance on|off``;
+        false if not applied (a dead or paused process answers no command)."""
         election = self.election
         if election is None or not self.alive or self.paused_at is not None:
             return False
@@ -333,7 +357,7 @@ class Process:
         elif what == "demote":
             election.demote(now)
         else:
-            election.set_maintenance(what != "off", now)
+            election.set_maintenance(what == "maintenance on", now)
         self.world.checker.seen[f"operator: {what}"] += 1
         self.runner.poke()
         return True
@@ -404,9 +428,10 @@ class Process:
             await self.gate()
             if not (self.active and self.may_send()):
                 continue
+            epoch = self.fence.epoch  # the fencing token the plugin sends with
             await self.gate("checked")
             ticket = self.world.checker.sent(self)
-            effect = Effect(next(sent), ticket.epoch, ticket.tenure)
+            effect = Effect(next(sent), epoch, ticket.tenure)
             self.world.network.send(self.name, RESOURCE, effect)
 
 
