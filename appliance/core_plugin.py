@@ -11,6 +11,7 @@ from appliance.cluster.schema import SECTION as _CLUSTER
 from appliance.config import default_node_name, dev_data_dir
 from appliance.ha import plugin as ha
 from appliance.ha.schema import SECTION as _HA
+from appliance.state import plugin as state
 
 if TYPE_CHECKING:
     from appliance.api import Role
@@ -85,20 +86,23 @@ def rackboot_status(node: Node) -> dict[str, Any]:
         "services": {s.name: node.service_state[s.name] for s in node.services},
         "cluster": node.cluster.status() if node.cluster is not None else {"state": "off"},
         "ha": node.ha.status() if node.ha is not None else {"mode": "standalone"},
+        "state": state.status(node) if node.state is not None else {},
     }
 
 
 # -- the cluster (appliance/cluster, docs/cluster.md) -------------------------
 
 
-@hookimpl
+@hookimpl(tryfirst=True)  # the core's services start before every plugin's
 def rackboot_services(node: Node) -> list[Service]:
     from appliance.cluster.service import Cluster
 
     settings = node.config["cluster"]
     node.cluster = Cluster(node, settings)
     cluster = [] if settings.enabled == "off" else [Service("cluster", node.cluster.run)]
-    return cluster + ha.services(node)  # after the cluster: the election signs with its identity
+    # After the cluster (the election and replication sign with its identity); the state
+    # store before the protocol plugins' services, which read it.
+    return cluster + state.services(node) + ha.services(node)
 
 
 @hookimpl

@@ -60,6 +60,9 @@ class Node:
         # decides the role, and the node no longer makes itself active.
         self.fence = Fence(trio.current_time)
         self.ha: Any = None
+        # The state store (appliance/state): what plugins keep across restarts and failovers.
+        self.state: Any = None
+        self.replication: Any = None  # its streams, when [ha] names peers
         self.handle_signals = True
 
     # -- for plugins ------------------------------------------------------

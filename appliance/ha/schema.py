@@ -46,7 +46,7 @@ SECTION = Section(
             dev_default="127.0.0.1",
             doc="Address the election's UDP socket binds (signed datagrams).",
         ),
-        "port": Field(Int(min=0, max=65535), default=DEFAULT_PORT, doc="UDP port of the election."),
+        "port": Field(Int(min=0, max=65535), default=DEFAULT_PORT, doc="UDP port of the election; replication uses TCP on the next port up."),
         "peers": Field(
             List(Str(MEMBER_PATTERN, MEMBER_EXPECTED, max_len=280), max_items=16),
             default=(),
@@ -96,8 +96,8 @@ SECTION = Section(
         "garp_count": Field(
             Int(min=0, max=20),
             default=4,
-            doc="Gratuitous ARPs sent after taking the VIP (the 4th, 1.75 s on, follows the "
-            "kernel's removal of a dead holder's VIP).",
+            doc="Gratuitous ARPs sent after taking the VIP (spaced out, so neighbours that "
+            "missed the first ones still learn the new holder).",
         ),
         "garp_interval": Field(
             Float(min=0.01, max=10.0),

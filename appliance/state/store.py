@@ -110,6 +110,7 @@ class StateStore:
         self._compact = False
         self._wakeup = trio.Event()
         self._committed = trio.Event()  # set and replaced on every commit
+        self.on_append: list[Callable[[], object]] = []  # replication's send loops
         self.counters = {"writes": 0, "write_failures": 0, "compactions": 0,
                          "compaction_failures": 0}  # fmt: skip
 
@@ -208,6 +209,8 @@ class StateStore:
         self._unwritten_last = record.lsn
         self.uncommitted.append((record, on_commit))
         self._wakeup.set()
+        for wake in self.on_append:
+            wake()
         if len(self.tail) + len(self.uncommitted) > max(
             COMPACT_MIN_RECORDS, COMPACT_RATIO * self.tables.count()
         ):

@@ -87,6 +87,7 @@ async def test_services_start_in_order_then_node_serves_and_stops(tmp_path, auto
         assert node.role is Role.ACTIVE
         assert node.service_state == {
             "core.cluster": "running",  # not a member: waits for `cluster init`/`join`
+            "core.state": "running",
             "rec.a": "running",
             "rec.b": "running",
         }

@@ -1,0 +1,288 @@
+"""Replication's trio shell: the active appliance's listener, a standby's dialer.
+
+Each appliance of a rack with ``[ha]`` peers listens on ``[ha] listen``, TCP
+port ``[ha] port + 1`` (mutual TLS 1.3 with cluster certificates, as the peer links;
+only the rack's other appliances are let in). While it holds the lease it
+serves every standby that connects one :class:`~replication.LeaderStream`;
+otherwise it says ``not-leader`` and closes. A standby dials the rack's other
+appliances in turn until one leads, and follows it
+(:class:`~replication.FollowerStream`): its log ends as the leader's, each
+batch is acknowledged after its fsync. A refused frame is counted by reason
+and ends the link; the standby dials again.
+
+``followers`` is the leader's view (stage, acknowledged LSN, lag) that the
+commit policy and ``rackboot status`` read.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from appliance.cluster import pki
+from appliance.cluster.transport import client_context, server_context, tls_reason, utcnow
+from appliance.logs import get_logger
+from appliance.state.replication import Append, FollowerStream, Install, LeaderStream, Truncate
+from appliance.state.signing import MAX_FRAME, Refused, open_untrusted, seal
+from appliance.state.store import StateStore
+
+log = get_logger("state")
+
+LENGTH = struct.Struct(">I")
+# A link that breaks, stalls or presents a bad certificate ends; the standby dials again.
+LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+               pki.CertificateRefused, OSError)  # fmt: skip
+HANDSHAKE_TIMEOUT = 5.0
+RETRY = (0.1, 2.0)  # a standby's redial backoff: first, longest
+
+
+class Link:
+    """Signed frames, length-prefixed, over one TLS stream."""
+
+    def __init__(self, stream: trio.SSLStream, identity: Any, peer_key: Any, peer: str) -> None:
+        self.stream, self.identity, self.peer = stream, identity, peer
+        self.peer_key = peer_key
+        self._buffer = bytearray()
+
+    async def send(self, message: list[Any]) -> None:
+        frame = seal(message, self.identity.key, self.identity.node_id)
+        await self.stream.send_all(LENGTH.pack(len(frame)) + frame)
+
+    async def receive(self) -> Any:
+        while True:
+            if len(self._buffer) >= LENGTH.size:
+                (size,) = LENGTH.unpack_from(self._buffer)
+                if size > MAX_FRAME:
+                    raise Refused("malformed", f"a frame of {size} bytes announced")
+                if len(self._buffer) >= LENGTH.size + size:
+                    frame = bytes(self._buffer[LENGTH.size : LENGTH.size + size])
+                    del self._buffer[: LENGTH.size + size]
+                    signer, message = open_untrusted(frame, self._key_of)
+                    return message
+            data = await self.stream.receive_some(256 * 1024)
+            if not data:
+                raise trio.BrokenResourceError("closed by the peer")
+            self._buffer += data
+
+    def _key_of(self, signer: str) -> Any:
+        return self.peer_key if signer == self.peer else None
+
+
+class Durable:
+    """The last LSN a follower has on disk, and an event when it moves."""
+
+    def __init__(self) -> None:
+        self.lsn = 0
+        self.changed = trio.Event()
+
+    def reached(self, lsn: int) -> None:
+        self.lsn = max(self.lsn, lsn)
+        self.changed.set()
+
+
+class Replication:
+    def __init__(self, node: Any, store: StateStore, peers: dict[str, tuple[str, int]],
+                 listen: str, port: int) -> None:  # fmt: skip
+        self.node, self.store = node, store
+        self.peers = peers  # node id -> (host, replication port) of the rack's other appliances
+        self.listen, self.port = listen, port
+        self.followers: dict[str, LeaderStream] = {}
+        self.following: dict[str, Any] = {}  # a standby's view of its leader
+        self.refused: dict[str, int] = {}
+        self._appended = trio.Event()
+        self.known_epoch: Callable[[], int] = lambda: 0
+        store.on_append.append(self._wake_sender)
+
+    @property
+    def identity(self) -> Any:
+        return self.node.cluster.identity
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.port, host=self.listen)
+        log.info("replication listening", address=f"{self.listen}:{self.port}",
+                 peers=sorted(self.peers))  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, self._inbound, listeners)
+            nursery.start_soon(self._follow_loop)
+            task_status.started()
+
+    # -- TLS and who the peer is ------------------------------------------------------
+
+    async def _authenticate(self, stream: trio.SSLStream) -> tuple[str, Any]:
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            await stream.do_handshake()
+        identity = self.identity
+        der = stream.getpeercert(binary_form=True) or b""
+        who = pki.check_node_cert_untrusted(der, identity.ca, identity.revocations.serials,
+                                            utcnow())  # fmt: skip
+        if who.node_id not in self.peers:
+            raise Refused("stranger", f"node {who.node_id} is not one of the rack's appliances")
+        return who.node_id, pki.cert_from_der_untrusted(der).public_key()
+
+    def _refused_all(self, group: BaseExceptionGroup, peer: str) -> None:
+        for exc in _leaves(group):
+            reason = exc.reason if isinstance(exc, Refused) else "malformed"
+            self.refused[reason] = self.refused.get(reason, 0) + 1
+            log.warning("replication link refused", peer=peer, reason=reason, detail=str(exc)[:200])
+
+    def _ended(self, group: BaseExceptionGroup, peer: str) -> None:
+        reasons = sorted({tls_reason(exc) for exc in _leaves(group)})
+        log.info("replication link ended", peer=peer, reason="; ".join(reasons))
+
+    # -- the leader's side ------------------------------------------------------------
+
+    async def _inbound(self, tcp: trio.SocketStream) -> None:
+        stream = trio.SSLStream(tcp, server_context(self.identity), server_side=True)
+        peer = "?"
+        try:
+            peer, key = await self._authenticate(stream)
+            link = Link(stream, self.identity, key, peer)
+            fence = self.node.fence
+            if not fence.ok():
+                await link.send(["not-leader"])
+                return
+            await self._lead(link, LeaderStream(self.store, fence.epoch))
+        except* Refused as group:
+            self._refused_all(group, peer)
+        except* LINK_ERRORS as group:
+            self._ended(group, peer)
+        finally:
+            self.followers.pop(peer, None)
+            with trio.move_on_after(1, shield=True):
+                await stream.aclose()
+
+    async def _lead(self, link: Link, stream: LeaderStream) -> None:
+        self.followers[link.peer] = stream
+        log.info("a standby follows", peer=link.peer, epoch=stream.epoch)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_loop, link, stream, nursery.cancel_scope)
+            while True:
+                answer = stream.receive(await link.receive())
+                if answer is not None:
+                    await link.send(answer)
+                self.store.advance()  # an acknowledgement may commit records
+                self._wake_sender()
+
+    def _wake_sender(self) -> None:
+        """Records were appended or acknowledged: the send loops look again."""
+        self._appended.set()
+        self._appended = trio.Event()
+
+    async def _send_loop(self, link: Link, stream: LeaderStream, scope: trio.CancelScope) -> None:
+        fence = self.node.fence
+        while True:
+            if not fence.ok() or fence.epoch != stream.epoch:
+                scope.cancel()  # deposed: this node leads no one
+                return
+            message = stream.next_message()
+            if message is None:
+                with trio.move_on_at(fence.valid_until):
+                    await self._appended.wait()
+                continue
+            await link.send(message)
+
+    # -- a standby's side -------------------------------------------------------------
+
+    async def _follow_loop(self) -> None:
+        delay = RETRY[0]
+        while True:
+            if self.node.fence.ok():
+                self.following = {}
+                await trio.sleep(RETRY[1] / 4)  # the leader: nobody to follow
+                continue
+            for peer, address in sorted(self.peers.items()):
+                if await self._follow(peer, address):
+                    delay = RETRY[0]
+            await trio.sleep(delay)
+            delay = min(RETRY[1], delay * 2)
+
+    async def _follow(self, peer: str, address: tuple[str, int]) -> bool:
+        """Follow ``peer`` if it leads; True if it did, for a while."""
+        host, port = address
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                tcp = await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError):
+            return False
+        stream = trio.SSLStream(tcp, client_context(self.identity), server_hostname=None)
+        try:
+            who, key = await self._authenticate(stream)
+            if who != peer:
+                raise Refused("stranger", f"{host} is node {who}, not {peer}")
+            link = Link(stream, self.identity, key, peer)
+            await self._stream_from(link)
+            return True
+        except* Refused as group:
+            self._refused_all(group, peer)
+        except* LINK_ERRORS as group:
+            self._ended(group, peer)
+        finally:
+            self.following = {}
+            with trio.move_on_after(1, shield=True):
+                await stream.aclose()
+        return False
+
+    async def _stream_from(self, link: Link) -> None:
+        store = self.store
+        store.follow()
+        last = store.position
+        side = FollowerStream((last.epoch, last.lsn), store.tables.history, self.known_epoch())
+        await link.send(side.hello())
+        self.following = {"leader": link.peer, "stage": "hello"}
+        durable = Durable()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._acknowledge, link, side, durable)
+            while True:
+                message = await link.receive()
+                if message == ["not-leader"]:
+                    nursery.cancel_scope.cancel()
+                    return
+                actions, answer = side.receive(message)
+                for action in actions:
+                    await self._do(action, durable)
+                if side.stage == "cut":
+                    answer = side.resume(store.position.epoch, store.position.lsn)
+                if answer is not None:
+                    await link.send(answer)
+                self.following = {"leader": link.peer, "stage": side.stage,
+                                  "lsn": store.position.lsn, "epoch": side.highest_epoch}  # fmt: skip
+
+    async def _do(self, action: Any, durable: Durable) -> None:
+        if isinstance(action, Truncate):
+            await self.store.cut_after(action.lsn)
+        elif isinstance(action, Install):
+            await self.store.install(action.head, action.entries)
+        elif isinstance(action, Append):
+            self.store.append_replicated(action.records, durable.reached)
+
+    async def _acknowledge(self, link: Link, side: FollowerStream, durable: Durable) -> None:
+        """Acknowledge the last durable LSN; batches durable together cost one message."""
+        sent = 0
+        while True:
+            await durable.changed.wait()
+            durable.changed = trio.Event()
+            if durable.lsn > sent:
+                sent = durable.lsn
+                await link.send(side.durable(sent))
+
+    def status(self) -> dict[str, Any]:
+        last = self.store.last()
+        return {
+            "port": self.port,
+            "followers": {
+                peer: {"stage": s.stage, "acked": s.acked, "lag": last - s.acked}
+                for peer, s in self.followers.items()
+            },
+            "following": dict(self.following),
+            "refused": dict(self.refused),
+        }
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
