@@ -251,6 +251,9 @@ class Proposer(LeaseTimes):
         if sender not in self.members.acceptors:
             self.strangers += 1  # only the configured acceptors count, whoever signs
             return
+        if message.ok and (message.promised_by != self.me or message.promised_n != rnd.ballot
+                           or message.ballot != rnd.ballot):  # fmt: skip
+            return  # a yes to someone else's round with the same request id: a replay
         if message.ok and message.members != self.members.digest:
             message = dataclasses.replace(message, ok=False, why="mismatch")
         self.known_epoch = max(self.known_epoch, message.known_epoch)
@@ -289,6 +292,12 @@ class Proposer(LeaseTimes):
         rnd.refused[sender] = message
         if message.why in ("busy", "restarting"):
             rnd.free_at[sender] = now + message.left
+        elif message.why == "lease-too-long":
+            # Others may have granted this longer lease (its own acceptor, a witness): asking
+            # again as those grants end would renew them, and the appliances on the shorter
+            # lease would be told busy for ever (a rolling lease change). Stay away for two
+            # leases: the grants run out and the others, asking then, elect one of them.
+            rnd.free_at[sender] = now + 2 * self.timing.lease
         if message.why == "busy":
             self.holder_seen = (message.owner, getattr(message, "owner_epoch", 0))
             self._ask_handover()

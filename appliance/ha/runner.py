@@ -129,11 +129,13 @@ class ElectionRunner:
             await self.confirm(digest)
         while self.election.notices:
             self.notice(self.election.notices.popleft())
-        for address, message in self.election.datagrams_to_send():
-            self.send(address, message)
-        await self.resume("sent")  # a step of its own in the simulation
+        # Events first: a release (demote, maintenance) must find the fence already revoked
+        # when it leaves, or the other appliance may hold while this fence still says yes.
         while (event := self.election.next_event()) is not None:
             self.on_event(event)
+        await self.resume("sent")  # a step of its own in the simulation
+        for address, message in self.election.datagrams_to_send():
+            self.send(address, message)
 
 
 class WitnessRunner:

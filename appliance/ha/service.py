@@ -243,10 +243,10 @@ class HaService:
         finally:
             # Going away: stop acting, then tell the acceptors so the standby takes over now.
             self.election.shutdown(trio.current_time())
+            while (event := self.election.next_event()) is not None:
+                self.on_event(event)  # the fence revoked before the release leaves
             for address, message in self.election.datagrams_to_send():
                 self.transport.send(address, message)
-            while (event := self.election.next_event()) is not None:
-                self.on_event(event)
             self.transport.close()
 
     async def _persist(self, epoch: int) -> None:

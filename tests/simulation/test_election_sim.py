@@ -90,11 +90,6 @@ def test_the_seed_set_catches_the_mutation(name):
     assert caught, f"none of {SEEDS} seeds of {mutation.set} caught: {mutation.doc}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runner.py sends what the election queued before it applies its events: a "
-    "release leaves before the fence is revoked (reported; docs/ha.md says the reverse)",
-)
 def test_a_holder_stopped_right_after_its_release_left_is_the_only_holder():
     """A pause between the runner's sends and its events (step ``sent``), as a holder
     releases (demote, maintenance): the other appliance takes over at once."""
@@ -102,11 +97,6 @@ def test_a_holder_stopped_right_after_its_release_left_is_the_only_holder():
     assert all(r.ok for r in results), summary(results)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="appliances on different leases (a rolling lease change) can leave a rack of "
-    "three appliances and a witness without a holder (reported)",
-)
 def test_a_rack_whose_appliances_run_different_leases_elects_a_holder():
     """The appliance on the longer lease gets partial grants (its own acceptor, the
     witness), the others refuse it (lease-too-long); if it retries before those grants
@@ -115,12 +105,6 @@ def test_a_rack_whose_appliances_run_different_leases_elects_a_holder():
     assert all(r.ok for r in results), summary(results)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the proposer matches answers by request id alone, and two appliances' ids "
-    "coincide when they booted as often: a replayed answer to one counts for the other "
-    "(reported)",
-)
 def test_a_replayed_answer_counts_only_for_the_round_it_answered():
     """A box on the network replays the promises and acceptances one appliance's round got
     to the other appliance, when it asks with the same request id."""

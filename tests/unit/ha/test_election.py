@@ -200,8 +200,9 @@ def test_two_candidates_at_once_end_with_one_holder():
 PROPOSER = Members.of("a", ["b"], ["w"])
 
 
-def promise(req, *, ok=True, why="", amnesic=False, known=0, left=0.0):
-    return Promise("rack1", req, 1, ok, why, "", 0, left, known, amnesic, 1, "a", PROPOSER.digest)
+def promise(req, *, ok=True, why="", amnesic=False, known=0, left=0.0, ballot=1, to="a"):
+    return Promise("rack1", req, ballot, ok, why, "", 0, left, known, amnesic, ballot, to,
+                   PROPOSER.digest)  # fmt: skip
 
 
 def a_proposer(now=0.0):
@@ -276,8 +277,8 @@ def test_a_grant_that_comes_back_too_late_is_not_used(lost):
     assert bool(net.holders()) is not lost
 
 
-def accepted(req):
-    return Accepted("rack1", req, 1, True, "", "a", 1.0, 1, 1, "a", PROPOSER.digest)
+def accepted(req, ballot=1, to="a"):
+    return Accepted("rack1", req, ballot, True, "", "a", 1.0, 1, ballot, to, PROPOSER.digest)
 
 
 def test_a_renewal_granted_after_the_lease_ran_out_steps_down_instead():
@@ -291,11 +292,11 @@ def test_a_renewal_granted_after_the_lease_ran_out_steps_down_instead():
         proposer.receive(who, accepted(req), 0.01)
     assert proposer.holding(0.01) and proposer.valid_until == 0.85
     proposer.handle_timer(0.25)  # the renewal starts in time ...
-    req = proposer.outbox[-1][1].req
+    req, ballot = proposer.outbox[-1][1].req, proposer.outbox[-1][1].ballot
     for who in "ab":
-        proposer.receive(who, promise(req), 0.26)
+        proposer.receive(who, promise(req, ballot=ballot), 0.26)
     for who in "ab":  # ... and its grant is read only after a pause past 0.85
-        proposer.receive(who, accepted(req), 1.5)
+        proposer.receive(who, accepted(req, ballot), 1.5)
     assert not proposer.holding(1.5)
     assert [type(e).__name__ for e in proposer.events] == ["Acquired", "Lost"]
     assert proposer.events[-1].reason == "expired"
@@ -344,3 +345,35 @@ def test_a_forced_promote_that_fails_is_not_left_armed_for_a_later_round():
     proposer.receive("w", promise(req, amnesic=True), proposer.next_round)
     proposer.receive("b", promise(req, amnesic=True), proposer.next_round)
     assert proposer.round.phase == 1  # no remembering majority, and no force any more
+
+
+def test_a_yes_to_another_appliances_round_with_the_same_request_id_is_not_counted():
+    """Request ids of two appliances that booted as often coincide: a box replaying the
+    promises one got to the other must not hand it a majority (found by the simulation)."""
+    proposer = a_proposer()
+    proposer.handle_timer(0.0)
+    req, ballot = proposer.outbox[0][1].req, proposer.outbox[0][1].ballot
+    for who in "bw":
+        proposer.receive(who, promise(req, ballot=ballot, to="b"), 0.0)  # promised to b
+        proposer.receive(who, promise(req, ballot=ballot + 1), 0.0)  # another ballot
+    assert proposer.round is not None and proposer.round.phase == 1
+    for who in "bw":
+        proposer.receive(who, promise(req, ballot=ballot), 0.0)
+    assert proposer.round.phase == 2
+
+
+def test_a_proposal_refused_as_too_long_stays_away_two_leases():
+    """The appliance on the longer lease of a rolling lease change must not renew the partial
+    grants it got, or the others are told busy for ever (found by the simulation)."""
+    proposer = a_proposer()
+    proposer.handle_timer(0.0)
+    req, ballot = proposer.outbox[0][1].req, proposer.outbox[0][1].ballot
+    for who in "ab":
+        proposer.receive(who, promise(req, ballot=ballot), 0.0)
+    too_long = Accepted("rack1", req, ballot, False, "lease-too-long", "", 0.0, 0, ballot, "a",
+                        PROPOSER.digest)  # fmt: skip
+    proposer.receive("b", accepted(req, ballot), 0.001)
+    proposer.receive("w", too_long, 0.001)
+    proposer.receive("a", too_long, 0.001)
+    assert proposer.round is None and not proposer.holding(0.001)
+    assert proposer.next_round >= 0.001 + 2 * Timing().lease
