@@ -27,6 +27,12 @@ Rules, in the order they are applied to a request from node ``sender``:
 4. **Epochs.** A proposal below the highest epoch this acceptor accepted is
    refused (``stale-epoch``); a higher one is remembered and, on a node with
    a disk, made durable *before* the answer leaves (:attr:`persist`).
+5. **Eligibility.** The holder's proposals name the appliances it declared
+   ineligible (a standby that stopped acknowledging the state log); the set of
+   the last proposal accepted is kept (on disk too, before the answer leaves:
+   :attr:`persist_ineligible`), and those appliances are refused
+   (``ineligible``) unless an operator forces the round. A standby that may
+   lack acknowledged records is thus never elected by itself.
 
 A diskless acceptor (the witness) starts **amnesic**: it says so in its
 promises, and proposers do not let it vouch for the newest epoch (see
@@ -65,6 +71,7 @@ class Acceptor:
         known_epoch: int | None,
         members: Members | None = None,
         restart_wait: float = 0.0,
+        ineligible: frozenset[str] = frozenset(),
     ) -> None:
         """``known_epoch``: from disk, or None for a diskless acceptor (it starts amnesic).
         ``members``: the rack's membership (None: a witness, which has none).
@@ -80,6 +87,8 @@ class Acceptor:
         self.promised: tuple[int, str] = (0, "")
         self.grant: Grant | None = None
         self.persist: int | None = None  # an epoch to make durable before sending the answer
+        self.ineligible = ineligible  # from the last proposal accepted (kept on disk)
+        self.persist_ineligible: frozenset[str] | None = None  # likewise, before the answer
         self.refusals: dict[str, int] = {}
         self.ignored: dict[str, int] = {}  # duplicates and replays, never answered
         self._last_req: dict[str, int] = {}  # sender -> its newest request id
@@ -104,7 +113,15 @@ class Acceptor:
             grant = self.live_grant(now)
             if grant is not None and grant.owner == sender and grant.epoch == message.epoch:
                 self.grant = None
+                if message.stated:
+                    self._adopt_ineligible(frozenset(message.ineligible) - {sender})
         return None
+
+    def _adopt_ineligible(self, ineligible: frozenset[str]) -> None:
+        if ineligible != self.ineligible:
+            self.ineligible = ineligible
+            if not self.diskless:
+                self.persist_ineligible = ineligible
 
     def _fresh(self, sender: str, message: Message) -> bool:
         last = self._last_req.get(sender, -1)
@@ -130,6 +147,8 @@ class Acceptor:
                 self.mismatched[sender] = m.members
         elif grant is not None and grant.owner != sender:
             why = "busy"
+        elif sender in self.ineligible and not m.force:
+            why = "ineligible"
         else:
             return "", grant
         return self._count(why), grant
@@ -175,6 +194,7 @@ class Acceptor:
             self._accepted = (sender, m.req)
             self.grant = grant = Grant(sender, m.epoch, now + m.lease, m.members)
             self.amnesic = False
+            self._adopt_ineligible(frozenset(m.ineligible) - {sender})
             if m.epoch > self.known_epoch:
                 self.known_epoch = m.epoch
                 if not self.diskless:

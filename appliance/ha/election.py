@@ -49,12 +49,15 @@ class Election:
         maintenance: bool = False,
         restart_wait: float = 0.0,
         confirmed: str = "",
+        ineligible: frozenset[str] = frozenset(),
     ) -> None:
         """``peers``/``witnesses``: node id -> address of the other acceptors (a list names
         acceptors whose address is their id, as in tests); ``known_epoch``: from disk;
         ``incarnation``: rises with every start (request ids must rise across restarts);
         ``restart_wait``: the longest lease an earlier life may have granted; ``confirmed``:
-        the membership digest every peer was last seen to share (all three from disk)."""
+        the membership digest every peer was last seen to share; ``ineligible``: the
+        appliances the last proposal this acceptor accepted declared ineligible (all four
+        from disk)."""
         peers, witnesses = _by_id(peers), _by_id(witnesses)
         self.me = me
         self.members = Members.of(me, peers, witnesses, split_brain_opt_in)
@@ -62,7 +65,7 @@ class Election:
         self.remote = [*peers.values(), *witnesses.values()]
         self.acceptor = Acceptor(
             group, now, max_lease=timing.lease, known_epoch=known_epoch, members=self.members,
-            restart_wait=restart_wait,
+            restart_wait=restart_wait, ineligible=ineligible,
         )  # fmt: skip
         self.proposer = Proposer(
             me, group, timing, members=self.members, now=now, incarnation=incarnation, rng=rng,
@@ -117,6 +120,25 @@ class Election:
     def epoch_to_persist(self) -> int | None:
         epoch, self.acceptor.persist = self.acceptor.persist, None
         return epoch
+
+    def ineligible_to_persist(self) -> frozenset[str] | None:
+        """The acceptor's new set of ineligible appliances, to keep before it answers."""
+        ineligible, self.acceptor.persist_ineligible = self.acceptor.persist_ineligible, None
+        return ineligible
+
+    def set_ineligible(self, appliances: frozenset[str], now: float) -> bool:
+        """The appliances this node, as holder, declares ineligible (replication: a standby
+        that does not acknowledge the state log). A holder whose set changed renews at once,
+        so the acceptors learn it within a round; True when the timer moved."""
+        wanted = frozenset(appliances) & frozenset(self.members.peers)
+        proposer = self.proposer
+        if wanted == proposer.wanted_ineligible:
+            return False
+        proposer.wanted_ineligible = wanted
+        if proposer.holding(now) and proposer.round is None:
+            proposer.next_round = min(proposer.next_round, now)
+            return True
+        return False
 
     def datagrams_to_send(self) -> list[tuple[str, Message]]:
         out = list(self._out)

@@ -40,6 +40,7 @@ class Prepare:
     ballot: int
     members: str  # digest of the proposer's membership (appliance/ha/membership.py)
     appliances: list[str]  # the proposer's appliances: a witness tells racks apart by them
+    force: bool = False  # an operator's promote --force: ineligibility does not refuse it
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ class Propose:
     lease: float
     members: str
     appliances: list[str]
+    # Appliances the holder declares ineligible to take over (a standby that stopped
+    # acknowledging the state log): acceptors that accept this refuse them until a later
+    # proposal clears them (docs/ha.md, "Replication").
+    ineligible: list[str] = dataclasses.field(default_factory=list)
+    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,10 @@ class Release:
     group: str
     req: int
     epoch: int
+    # The holder's ineligible appliances as it leaves (``stated``: an older sender says
+    # nothing, which changes nothing), so one that caught up may take over at once.
+    stated: bool = False
+    ineligible: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,12 @@ _FIELDS = {
     cls: [(f.name, _PYTHON_TYPES[str(f.type)]) for f in dataclasses.fields(cls)]
     for cls in TYPES.values()
 }
+# Fields with a default may be absent: an older sender (rolling update) does not send them.
+OPTIONAL = {
+    cls: {f.name for f in dataclasses.fields(cls)
+          if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    for cls in TYPES.values()
+}  # fmt: skip
 
 
 class BadMessage(Exception):
@@ -183,6 +199,8 @@ def decode_with_crl_untrusted(data: bytes) -> tuple[Message, int | None]:
         raise BadMessage(f"unknown message type {str(raw.get('t'))[:MAX_TEXT]!r}")
     values = {}
     for name, kind in _FIELDS[cls]:
+        if name in OPTIONAL.get(cls, ()) and name not in raw:
+            continue  # a field newer than the sender: its default
         values[name] = _field(cls.TYPE, name, kind, raw.get(name))
     crl = raw.get(CRL_KEY)
     return cls(**values), None if crl is None else _field(raw["t"], CRL_KEY, int, crl)

@@ -101,6 +101,7 @@ class Round:
     free_at: dict[str, float] | None = None  # refusers that named when they will be free
     doomed: bool = False  # refusals left no majority: waiting for the rest of the answers
     forced: bool = False  # an operator's promote --force applies to this round only
+    ineligible: frozenset[str] = frozenset()  # what its proposal declares
 
 
 class Proposer(LeaseTimes):
@@ -144,6 +145,10 @@ class Proposer(LeaseTimes):
         self.events: deque[Event] = deque()
         self.last_refusal = ""  # why the last round failed, for status
         self.holder_seen = ("", 0)  # (owner, epoch) of the live lease others report
+        # Appliances declared ineligible to take over: what the next proposal says, and what
+        # the last granted one said (in force at a majority of acceptors).
+        self.wanted_ineligible: frozenset[str] = frozenset()
+        self.granted_ineligible: frozenset[str] = frozenset()
 
     # -- queries ----------------------------------------------------------------
 
@@ -162,17 +167,16 @@ class Proposer(LeaseTimes):
 
     def promote(self, now: float, *, force: bool = False) -> None:
         """Become active if allowed: ask the holder to hand over, and try now. ``force``
-        applies to one round: the one in its first phase now, or else the next."""
+        applies to one round: a new one, started now (its prepare says so, for acceptors
+        that would refuse this node as ineligible), replacing one in its first phase."""
         self.holdoff_until = 0.0
         self.force_epoch = force
         if not self.holding(now):
             self.handover_wanted = True
             self._ask_handover()
             self.next_round = now
-            if self.round is not None and self.round.phase == 1:
-                self.round.forced = force
-                self.force_epoch = False
-                self._maybe_propose(now)  # the promises in hand may do, forced
+            if force and self.round is not None and self.round.phase == 1:
+                self.round = None  # its prepare went out unforced: ask again, forced
 
     def _ask_handover(self) -> None:
         """A hand-over names the holder's epoch: once the lease moved on, a replay is stale."""
@@ -232,7 +236,8 @@ class Proposer(LeaseTimes):
         )  # fmt: skip
         self.force_epoch = False
         self.outbox.append((ALL, Prepare(
-            self.group, self.round.req, self.ballot, self.members.digest, self._appliances
+            self.group, self.round.req, self.ballot, self.members.digest, self._appliances,
+            force=self.round.forced,
         )))  # fmt: skip
 
     def _next_req(self) -> int:
@@ -335,20 +340,11 @@ class Proposer(LeaseTimes):
             epoch = max(self.known_epoch, *(p.known_epoch for p in rnd.promises.values())) + 1
         rnd.phase, rnd.epoch, rnd.accepts = 2, epoch, {}
         rnd.refused, rnd.free_at = {}, {}
-        self.outbox.append(
-            (
-                ALL,
-                Propose(
-                    self.group,
-                    rnd.req,
-                    rnd.ballot,
-                    epoch,
-                    self.timing.lease,
-                    self.members.digest,
-                    self._appliances,
-                ),  # fmt: skip
-            )
-        )
+        rnd.ineligible = self.wanted_ineligible
+        self.outbox.append((ALL, Propose(
+            self.group, rnd.req, rnd.ballot, epoch, self.timing.lease, self.members.digest,
+            self._appliances, ineligible=sorted(rnd.ineligible), force=rnd.forced,
+        )))  # fmt: skip
 
     def _granted(self, now: float) -> None:
         rnd = self.round
@@ -366,6 +362,7 @@ class Proposer(LeaseTimes):
             self.last_refusal = "granted too late"
             return
         self.valid_until, self.epoch = valid_until, rnd.epoch
+        self.granted_ineligible = rnd.ineligible
         self.known_epoch = max(self.known_epoch, rnd.epoch)
         self.handover_wanted = False
         self.last_refusal = ""
@@ -408,7 +405,10 @@ class Proposer(LeaseTimes):
             return
         epoch = self.epoch
         self._lose(now, reason)
-        self.outbox.append((ALL, Release(self.group, self._next_req(), epoch)))
+        self.outbox.append((ALL, Release(
+            self.group, self._next_req(), epoch, stated=True,
+            ineligible=sorted(self.wanted_ineligible),
+        )))  # fmt: skip
 
     def _lose(self, now: float, reason: str) -> None:
         if self.valid_until is None:
@@ -434,4 +434,5 @@ class Proposer(LeaseTimes):
             "acceptors": self.acceptors,
             "quorum": self.quorum,
             "strangers": self.strangers,
+            "ineligible": sorted(self.granted_ineligible) if self.holding(now) else [],
         }

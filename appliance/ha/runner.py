@@ -45,7 +45,7 @@ async def _no_pause(step: str = "woke") -> None:
     pass
 
 
-async def _nowhere(digest: str) -> None:
+async def _nowhere(value: Any) -> None:
     pass
 
 
@@ -61,6 +61,7 @@ class ElectionRunner:
         resume: Callable[..., Awaitable[None]] = _no_pause,
         confirm: Callable[[str], Awaitable[None]] = _nowhere,
         notice: Callable[[str], None] = lambda text: None,
+        persist_ineligible: Callable[[frozenset[str]], Awaitable[None]] = _nowhere,
     ) -> None:
         """``resume``: awaited after every wake-up, and with ``"sent"`` between sending and
         applying events; the simulation blocks it while the process is paused (a real
@@ -73,6 +74,7 @@ class ElectionRunner:
         self.clock = clock
         self.on_event = on_event
         self.persist = persist
+        self.persist_ineligible = persist_ineligible
         self.resume = resume
         self._inbox, self._receive = trio.open_memory_channel[Any](INBOX)
         self.received = 0
@@ -124,6 +126,9 @@ class ElectionRunner:
         epoch = self.election.epoch_to_persist()
         if epoch is not None:
             await self.persist(epoch)
+        ineligible = self.election.ineligible_to_persist()
+        if ineligible is not None:
+            await self.persist_ineligible(ineligible)
         digest = self.election.confirmed_to_persist()
         if digest is not None:
             await self.confirm(digest)

@@ -60,13 +60,16 @@ class Durable:
     * ``boots``: how many times the election started: the high half of request ids, which
       must rise across restarts so acceptors can tell a replay from a new request;
     * ``members``: the membership digest every other appliance was last seen to share
-      (a changed configuration takes the lease only once they share it again).
+      (a changed configuration takes the lease only once they share it again);
+    * ``ineligible``: the appliances the last proposal this acceptor accepted declared
+      ineligible to take over (it refuses them until a later proposal clears them).
     """
 
     epoch: int = 0
     longest_lease: float = 0.0
     boots: int = 0
     members: str = ""
+    ineligible: list[str] = dataclasses.field(default_factory=list)
 
 
 def read_durable(directory: Path) -> Durable:
@@ -92,7 +95,13 @@ def read_durable(directory: Path) -> Durable:
     members = raw.get("members", "")
     if not isinstance(members, str) or len(members) > 64:
         raise RackbootError(f"{path}: 'members' is not a membership digest")
-    return Durable(int(raw["epoch"]), float(raw["longest_lease"]), int(raw["boots"]), members)
+    ineligible = raw.get("ineligible", [])
+    if not isinstance(ineligible, list) or not all(
+        isinstance(n, str) and len(n) <= 64 for n in ineligible
+    ):
+        raise RackbootError(f"{path}: 'ineligible' is not a list of node ids")
+    return Durable(int(raw["epoch"]), float(raw["longest_lease"]), int(raw["boots"]), members,
+                   ineligible)  # fmt: skip
 
 
 def _read_legacy_epoch(path: Path) -> int:
@@ -200,7 +209,9 @@ class HaService:
             known_epoch=durable.epoch, incarnation=durable.boots, rng=random.Random(),
             split_brain_opt_in=settings[SPLIT_BRAIN_OPT_IN], maintenance=settings.maintenance,
             restart_wait=restart_wait, confirmed=durable.members,
+            ineligible=frozenset(durable.ineligible),
         )  # fmt: skip
+        replication = getattr(self.node, "replication", None)
         self.transport = UdpTransport(
             identity, str(settings.listen), settings.port,
             revocations=lambda: self.node.cluster.identity.revocations,
@@ -210,8 +221,11 @@ class HaService:
         self.runner = ElectionRunner(
             self.election, self.transport.send, clock=TrioClock(),
             on_event=self.on_event, persist=self._persist, confirm=self._confirm,
+            persist_ineligible=self._persist_ineligible,
             notice=lambda text: log.warning("membership mismatch", detail=text),
         )  # fmt: skip
+        if replication is not None:  # it declares the standbys that lag ineligible
+            replication.election, replication.poke_election = self.election, self.runner.poke
         log.info(
             "election", node_id=identity.node_id, rack=self.node.config.node.rack,
             port=self.transport.port, acceptors=self.election.proposer.acceptors,
@@ -251,6 +265,9 @@ class HaService:
 
     async def _persist(self, epoch: int) -> None:
         await self._write(dataclasses.replace(self.durable, epoch=epoch))
+
+    async def _persist_ineligible(self, ineligible: frozenset[str]) -> None:
+        await self._write(dataclasses.replace(self.durable, ineligible=sorted(ineligible)))
 
     async def _confirm(self, digest: str) -> None:
         log.info("membership confirmed by every appliance of the rack", digest=digest)
@@ -324,7 +341,11 @@ class HaService:
                 "this node is in maintenance: `rackboot ha maintenance off` first"
             )
         if force:
-            log.warning("promote forced: epochs vouched for by restarted witnesses are trusted")
+            log.warning(
+                "promote forced: epochs vouched for by restarted witnesses are trusted, and "
+                "this node may be elected although the holder declared it ineligible: records "
+                "the holder committed without it may be lost"
+            )
         machine.promote(trio.current_time(), force=force)
         return self._after()
 

@@ -37,6 +37,9 @@ LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowE
                pki.CertificateRefused, OSError)  # fmt: skip
 HANDSHAKE_TIMEOUT = 5.0
 RETRY = (0.1, 2.0)  # a standby's redial backoff: first, longest
+ACK_TIMEOUT = 0.5  # s a streaming standby may leave a record unacknowledged before it is
+# declared ineligible (the active then commits without it, once a majority has it)
+ELIGIBILITY_TICK = 0.05  # s between looks at the standbys' progress
 
 
 class Link:
@@ -95,6 +98,10 @@ class Replication:
         self._appended = trio.Event()
         self.known_epoch: Callable[[], int] = lambda: 0
         store.on_append.append(self._wake_sender)
+        self.election: Any = None  # the embedded election, once the HA service made it
+        self.poke_election: Callable[[], None] = lambda: None  # its runner re-reads its timer
+        self._waiting_since: dict[str, float] = {}  # peer -> when it began holding commits up
+        self._links: dict[str, trio.CancelScope] = {}  # peer -> its leader link
 
     @property
     def identity(self) -> Any:
@@ -107,7 +114,68 @@ class Replication:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self._inbound, listeners)
             nursery.start_soon(self._follow_loop)
+            nursery.start_soon(self._eligibility_loop)
             task_status.started()
+
+    # -- who must acknowledge before a record commits ------------------------------------
+
+    def committable(self, durable: int) -> int:
+        """The leader's commit rule (the store's policy while it holds the lease): durable
+        here and acknowledged by every appliance of the rack except those declared
+        ineligible, in force at a majority of acceptors and still meant (one that catches
+        up counts again at once)."""
+        skip = self._skipped()
+        limit = durable
+        for peer in self.peers:
+            if peer not in skip:
+                stream = self.followers.get(peer)
+                limit = min(limit, stream.acked if stream is not None else 0)
+        return limit
+
+    def _skipped(self) -> frozenset[str]:
+        if self.election is None:
+            return frozenset()
+        proposer = self.election.proposer
+        return proposer.granted_ineligible & proposer.wanted_ineligible
+
+    async def _eligibility_loop(self) -> None:
+        while True:
+            self.refresh_eligibility()  # timeouts; acknowledgements refresh it at once
+            await trio.sleep(ELIGIBILITY_TICK)
+
+    def refresh_eligibility(self) -> None:
+        """Tell the election who lags now (it renews at once when that changed), and commit
+        what the acknowledgements and the ineligibility in force allow."""
+        if self.election is not None:
+            now = trio.current_time()
+            if self.election.set_ineligible(self._lagging(now), now):
+                self.poke_election()
+        self.store.advance()
+
+    def _lagging(self, now: float) -> frozenset[str]:
+        """Who may not count for commits. Declared only when needed: a standby that holds
+        up a record (at once if it does not even follow this node, after ACK_TIMEOUT if it
+        follows but does not acknowledge); one declared stays so until it has everything
+        (sent and acknowledged), then counts again. A node that does not lead declares
+        nobody (what it knew as a leader is stale once another led)."""
+        if not self.node.fence.ok():
+            self._waiting_since.clear()
+            return frozenset()
+        last = self.store.last()
+        pending = last > self.store.tables.lsn
+        current = self.election.proposer.wanted_ineligible if self.election else frozenset()
+        out = set()
+        for peer in self.peers:
+            stream = self.followers.get(peer)
+            if stream is not None and stream.acked >= last and stream.streaming:
+                self._waiting_since.pop(peer, None)  # has everything: counts
+            elif peer in current:
+                out.add(peer)  # still behind
+            elif not pending:
+                self._waiting_since.pop(peer, None)  # nothing waits for it
+            elif stream is None or now - self._waiting_since.setdefault(peer, now) > ACK_TIMEOUT:
+                out.add(peer)
+        return frozenset(out)
 
     # -- TLS and who the peer is ------------------------------------------------------
 
@@ -144,13 +212,16 @@ class Replication:
             if not fence.ok():
                 await link.send(["not-leader"])
                 return
-            await self._lead(link, LeaderStream(self.store, fence.epoch))
+            with trio.CancelScope() as scope:
+                self._links[peer] = scope
+                await self._lead(link, LeaderStream(self.store, fence.epoch))
         except* Refused as group:
             self._refused_all(group, peer)
         except* LINK_ERRORS as group:
             self._ended(group, peer)
         finally:
             self.followers.pop(peer, None)
+            self._links.pop(peer, None)
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
 
@@ -163,7 +234,7 @@ class Replication:
                 answer = stream.receive(await link.receive())
                 if answer is not None:
                     await link.send(answer)
-                self.store.advance()  # an acknowledgement may commit records
+                self.refresh_eligibility()  # an acknowledgement may commit records
                 self._wake_sender()
 
     def _wake_sender(self) -> None:
@@ -227,7 +298,7 @@ class Replication:
 
     async def _stream_from(self, link: Link) -> None:
         store = self.store
-        store.follow()
+        store.advance()  # what this node appended as a leader is on disk: commit it here
         last = store.position
         side = FollowerStream((last.epoch, last.lsn), store.tables.history, self.known_epoch())
         await link.send(side.hello())
@@ -268,14 +339,23 @@ class Replication:
                 sent = durable.lsn
                 await link.send(side.durable(sent))
 
+    def disconnect(self, peer: str) -> None:
+        """End a standby's link (it dials again, unless something keeps it from it)."""
+        scope = self._links.get(peer)
+        if scope is not None:
+            scope.cancel()
+
     def status(self) -> dict[str, Any]:
         last = self.store.last()
+        skip = self._skipped()
         return {
             "port": self.port,
             "followers": {
-                peer: {"stage": s.stage, "acked": s.acked, "lag": last - s.acked}
+                peer: {"stage": s.stage, "acked": s.acked, "lag": last - s.acked,
+                       "counted": peer not in skip}
                 for peer, s in self.followers.items()
             },
+            "not_counted": sorted(skip),
             "following": dict(self.following),
             "refused": dict(self.refused),
         }

@@ -45,6 +45,9 @@ COMPACT_RATIO = 4  # compact when the log holds this many records per live key
 RETRY_WRITE = 1.0  # s between attempts at a write that failed
 
 
+Callback = Callable[["Position | None"], object]
+
+
 class NotWriter(RackbootError):
     """Only the holder of the rack's lease writes state."""
 
@@ -101,7 +104,10 @@ class StateStore:
         self.base = 0  # the snapshot at the start of the log file
         self.base_epoch = 0  # the epoch of that snapshot's last record
         self.tail: list[Record] = []  # committed records after ``base``, in LSN order
-        self.uncommitted: deque[tuple[Record, Callable[[Position], object] | None]] = deque()
+        # Records not committed yet: (record, callback, appended here as the leader). A
+        # leader's callback gets the position once the record commits under its lease, or
+        # None if the lease was lost first; a follower's once the record is on its disk.
+        self.uncommitted: deque[tuple[Record, Callback | None, bool]] = deque()
         self.recovery: Recovery | None = None
         self.next_lsn = 1
         self.durable = 0  # the last LSN on disk
@@ -180,7 +186,7 @@ class StateStore:
     async def _compaction(self) -> None:
         self._compact = False
         # Records appended but not written stay in _unwritten and follow the new file.
-        written = [r for r, _ in self.uncommitted if r.lsn <= self.durable]
+        written = [r for r, _, _ in self.uncommitted if r.lsn <= self.durable]
         payloads = snapshot_payloads(self.tables, written)
         try:
             await trio.to_thread.run_sync(self.log.journal.rewrite, payloads)
@@ -196,8 +202,9 @@ class StateStore:
     # -- writing (the holder of the lease) -------------------------------------------
 
     def append(self, ns: str, key: str, value: Any,
-               on_commit: Callable[[Position], object] | None = None) -> Record:  # fmt: skip
-        """Append one record now; ``on_commit(position)`` runs once it commits."""
+               on_commit: Callback | None = None) -> Record:  # fmt: skip
+        """Append one record now; ``on_commit(position)`` runs once it commits, or
+        ``on_commit(None)`` if this node loses the lease before it does."""
         if not self.fence.ok():
             raise NotWriter("this node does not hold the rack's lease: it cannot write state")
         epoch = self.fence.epoch
@@ -207,7 +214,7 @@ class StateStore:
         self._unwritten += frame(encode(record))  # ValueError when too large: nothing changed
         self.next_lsn += 1
         self._unwritten_last = record.lsn
-        self.uncommitted.append((record, on_commit))
+        self.uncommitted.append((record, on_commit, True))
         self._wakeup.set()
         for wake in self.on_append:
             wake()
@@ -219,34 +226,34 @@ class StateStore:
 
     async def put(self, ns: str, key: str, value: Any) -> Position:
         """Append and wait until committed."""
-        done: list[Position] = []
+        done: list[Position | None] = []
         event = trio.Event()
 
-        def committed(position: Position) -> None:
+        def committed(position: Position | None) -> None:
             done.append(position)
             event.set()
 
         self.append(ns, key, value, committed)
         await event.wait()
+        if done[0] is None:
+            raise NotWriter("this node lost the rack's lease before the record committed")
         return done[0]
 
-    def follow(self) -> None:
-        """This node follows a leader now: what is on its disk is committed here (what it
-        wrote as a leader and nobody acknowledged is cut later if the leader lacks it)."""
-        self.policy = LocalCommit()
-        self.advance()
-
     def advance(self) -> None:
-        """Commit what the policy allows now (after a write, or an acknowledgement)."""
-        limit = self.policy.committable(self.durable)
+        """Commit what the policy allows now (after a write, or an acknowledgement). A node
+        that does not hold the lease commits what is on its disk: a follower's records came
+        from its leader; what it appended itself as a deposed leader is kept (its callbacks
+        told None), and cut later if the new leader lacks it."""
+        leading = self.fence.ok()
+        limit = self.policy.committable(self.durable) if leading else self.durable
         committed = False
         while self.uncommitted and self.uncommitted[0][0].lsn <= limit:
-            record, callback = self.uncommitted.popleft()
+            record, callback, ours = self.uncommitted.popleft()
             self.tables.apply(record)
             self.tail.append(record)
             committed = True
             if callback is not None:
-                callback(Position(record.epoch, record.lsn))
+                callback(Position(record.epoch, record.lsn) if leading or not ours else None)
         if committed:
             self._committed.set()
             self._committed = trio.Event()
@@ -260,7 +267,7 @@ class StateStore:
         out = self.tail[max(0, after - self.base) : max(0, after - self.base) + limit]
         if len(out) < limit:
             skip = max(0, after - self.tables.lsn)
-            out.extend(r for n, (r, _) in enumerate(self.uncommitted)
+            out.extend(r for n, (r, _, _) in enumerate(self.uncommitted)
                        if skip <= n < skip + limit - len(out))  # fmt: skip
         return out
 
@@ -269,7 +276,7 @@ class StateStore:
 
     def end_of(self, epoch: int) -> tuple[int, int]:
         history = EpochHistory(self.tables.history.entries)
-        for record, _ in self.uncommitted:
+        for record, _, _ in self.uncommitted:
             history.note(record.epoch, record.lsn)
         newest = max((e for e, _ in history.entries if e <= epoch), default=epoch)
         end = history.end_of(epoch, self.last())
@@ -290,10 +297,10 @@ class StateStore:
         once durable (a follower commits what its leader sent), then ``on_durable(lsn)``."""
         for record in records:
             self._unwritten += frame(encode(record))
-            self.uncommitted.append((record, None))
+            self.uncommitted.append((record, None, False))
         last = records[-1]
         self._unwritten_last, self.next_lsn = last.lsn, last.lsn + 1
-        self.uncommitted[-1] = (last, lambda _position: on_durable(last.lsn))
+        self.uncommitted[-1] = (last, lambda _position: on_durable(last.lsn), False)
         self._wakeup.set()
 
     async def cut_after(self, lsn: int) -> None:

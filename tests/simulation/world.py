@@ -229,7 +229,7 @@ class Process:
         self.trap: Trap | None = None
         self.incarnation = 0
         self.forced: set[int] = set()  # rounds (request ids) an operator forced
-        self._force_next = False  # ... or the next round this node starts
+        self._force_next = False  # the next prepare this node sends is the forced round
         self._round = None  # the proposer's round when the last answer came in
         self._delivered: tuple[str, object] | None = None  # the last (sender, message) fed
 
@@ -363,12 +363,9 @@ class Process:
         return True
 
     def _forcing(self, election: Election) -> None:
-        """docs/ha.md: --force applies to one round, the one in its first phase or the next."""
-        rnd = election.proposer.round
-        if rnd is not None and rnd.phase == 1:
-            self.forced.add(rnd.req)
-        else:
-            self._force_next = True
+        """docs/ha.md: --force applies to one round, a new one started at once (its prepare
+        must say so: acceptors may refuse this node as ineligible otherwise)."""
+        self._force_next = True
 
     # -- what the node does --------------------------------------------------------
 

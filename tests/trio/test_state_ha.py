@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import trio
 
+from appliance.api import Role
 from tests.trio.test_cluster import wait_until
 from tests.trio.test_ha import actives, rack
 
@@ -32,3 +33,39 @@ async def test_the_standby_follows_the_active_and_takes_over_with_its_state(tmp_
         assert active.state.get("leases", "10.0.0.99") == {"n": 99}
         assert active.state.position.epoch > 1 and active.state.position.lsn == 21
         await trio.sleep(0)
+
+
+async def test_a_standby_that_does_not_follow_is_ineligible_and_taken_only_by_force(
+    tmp_path, monkeypatch
+):
+    """The active commits without a standby only once a majority of acceptors know it is
+    ineligible; that standby then never takes the lease by itself, even with the active gone
+    (it may lack what was committed without it); an operator's forced promote does."""
+    from appliance.state import service as service_module
+
+    async def never(self, peer, address):  # this standby's replication never connects
+        await trio.sleep(3600)
+        return False
+
+    async with rack(tmp_path) as (nodes, _):
+        await wait_until(lambda: len(actives(nodes)) == 1, what="one active")
+        first = actives(nodes)[0]
+        second = "b" if first == "a" else "a"
+        active, standby = nodes[first], nodes[second]
+        laggard = standby.cluster.identity.node_id
+        await wait_until(lambda: standby.replication.following.get("stage") == "stream",
+                         what="the standby to follow")  # fmt: skip
+        monkeypatch.setattr(service_module.Replication, "_follow", never)
+        standby.replication.following = {}
+        # cut the standby's link: the active sees it gone and declares it ineligible
+        active.replication.disconnect(laggard)
+        with trio.fail_after(2):  # ineligible in force within a renewal, then it commits
+            await active.state.put("leases", "10.0.0.7", {"mac": "aa"})
+        assert active.ha.status()["election"]["ineligible"] == [laggard]
+        assert standby.state.get("leases", "10.0.0.7") is None
+        active.request_stop("gone")  # the active goes away: the laggard must not take over
+        await trio.sleep(3)
+        assert standby.role is not Role.ACTIVE
+        assert "ineligible" in standby.ha.status()["election"]["last_refusal"]
+        standby.ha.promote({"force": True})
+        await wait_until(lambda: standby.role is Role.ACTIVE, what="the forced promote")

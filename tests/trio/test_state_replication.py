@@ -84,7 +84,8 @@ async def test_a_deposed_leaders_divergent_tail_is_cut_when_it_follows(tmp_path)
         b.fence.grant(math.inf, 2)
         for n in range(5):
             await b.put("ns", f"new{n}", n)
-        a.follow()
+        a.fence.revoke()  # deposed
+        a.advance()
         await replicate(b, a, 2)
         assert a.get("ns", "lost") is None
         assert a.tables.data == b.tables.data and a.position == b.position
