@@ -387,7 +387,10 @@ class Proposer(LeaseTimes):
         """Seconds until a majority's grants (or restart waits) will have run out."""
         answered = rnd.promises if rnd.phase == 1 else rnd.accepts
         free_in = sorted([0.0] * len(answered) + [max(0.0, t - now) for t in rnd.free_at.values()])
-        if len(free_in) >= self.quorum and free_in[self.quorum - 1] > 0:
+        if len(free_in) >= self.quorum and (free_in[self.quorum - 1] > 0 or rnd.free_at):
+            # When the grants named have already run out (the round waited for its timeout,
+            # a dead acceptor never answering), retry now: after a crash this is the
+            # failover's tail (up to renew/2 of it, before).
             return free_in[self.quorum - 1] + self.rng.uniform(0, RETRY_JITTER)
         return self.rng.uniform(0, self.timing.renew / 2)
 
