@@ -14,7 +14,10 @@ from appliance.state.store import StateStore
 
 
 def services(node: Any) -> list[Service]:
+    from appliance.state.metrics import StateCollector
+
     node.state = StateStore(Path(node.data_dir) / "state", node.fence)
+    node.metrics.register(StateCollector(lambda: status(node)))
     return [Service("state", run)]
 
 

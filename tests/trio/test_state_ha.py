@@ -69,3 +69,17 @@ async def test_a_standby_that_does_not_follow_is_ineligible_and_taken_only_by_fo
         assert "ineligible" in standby.ha.status()["election"]["last_refusal"]
         standby.ha.promote({"force": True})
         await wait_until(lambda: standby.role is Role.ACTIVE, what="the forced promote")
+
+
+async def test_prometheus_shows_the_log_and_each_followers_lag(tmp_path):
+    from prometheus_client import generate_latest
+
+    async with rack(tmp_path) as (nodes, _):
+        await wait_until(lambda: len(actives(nodes)) == 1, what="one active")
+        active = nodes[actives(nodes)[0]]
+        await wait_until(lambda: active.replication.followers, what="the standby to follow")
+        await active.state.put("ns", "k", 1)
+        text = generate_latest(active.metrics).decode()
+        assert "rackboot_state_lsn 1.0" in text
+        assert "rackboot_state_follower_lag{peer=" in text
+        assert "rackboot_state_follower_counted{peer=" in text
