@@ -83,6 +83,12 @@ SECTION = Section(
         "maintenance": Field(
             Bool(), default=False, doc="Start in maintenance: vote, but never take the lease."
         ),
+        "max_clock_skew": Field(
+            Float(min=0.1, max=3600.0),
+            default=10.0,
+            doc="Seconds a standby's wall clock may differ from the active's before it is "
+            "declared ineligible to take over (DHCP leases expire by wall-clock time).",
+        ),
         "vip": Field(
             Str(f"({VIP_PATTERN})?", "'' or an IPv4 address with prefix, '192.0.2.1/24'"),
             default="",

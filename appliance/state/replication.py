@@ -18,6 +18,13 @@ the active (leader):
    consecutive, as soon as they are appended (before they commit, as Raft
    does); the follower writes them, fsyncs, and says ``["ack", lsn]``.
 
+Wall clocks: leases expire by wall-clock time, so the leader pings every
+stream now and then (``["ping", epoch, its wall time]``), the follower
+answers ``["pong", that time, its own]``, and the leader estimates the
+follower's clock skew as an NTP client would (its reading against the
+midpoint of the round trip): a standby whose clock is too far off is declared
+ineligible like one that lags.
+
 ``epoch`` in the leader's frames is its lease's epoch. A follower refuses a
 frame of an epoch lower than the highest it has seen (and than its own
 election's): a deposed active can no longer get a record accepted. It
@@ -51,6 +58,7 @@ MAX_BATCH_RECORDS = 512
 MAX_BATCH_BYTES = 256 * 1024
 SNAPSHOT_CHUNK = 2048  # entries per snapshot frame
 MAX_UNACKED = 8192  # records sent and not acknowledged before the leader waits
+MAX_PING_RTT = 10.0  # s: a pong later than this tells nothing about the clocks
 
 
 def _uint(value: Any) -> bool:
@@ -98,13 +106,19 @@ class FollowerStream:
         self.stage = "end"
         return ["hello", self.last_epoch, self.last_lsn]
 
-    def receive(self, message: Any) -> tuple[list[Action], list[Any] | None]:
-        """Actions for the shell, and a message to send back (or None)."""
+    def receive(self, message: Any, wall: float = 0.0) -> tuple[list[Action], list[Any] | None]:
+        """Actions for the shell, and a message to send back (or None). ``wall``: this
+        node's wall-clock time, for the answer to a ping."""
         if not isinstance(message, list) or not message or not isinstance(message[0], str):
             raise Refused("malformed", "not a replication message")
         kind = message[0]
         if kind == "end" and self.stage == "end":
             return self._end(message)
+        if kind == "ping" and self.stage in ("stream", "snapshot", "cut"):
+            self._epoch(message)
+            if len(message) != 3 or not isinstance(message[2], float):
+                raise Refused("malformed", "ping")
+            return [], ["pong", message[2], wall]
         if kind in ("snapshot", "records") and self.stage in ("stream", "snapshot"):
             self._epoch(message)
             chunk = self._snapshot_chunk if kind == "snapshot" else self._records
@@ -232,9 +246,15 @@ class LeaderStream:
     stage: str = "hello"  # hello -> from -> (snapshot ->) stream
     sent: int = 0  # the last LSN sent
     acked: int = 0  # the last LSN the follower has on disk
+    skew: float | None = None  # the follower's wall clock minus ours, last estimate
+    rtt: float | None = None
     _pending_snapshot: list[list[Any]] = field(default_factory=list)
 
-    def receive(self, message: Any) -> list[Any] | None:
+    def ping(self, wall: float) -> list[Any] | None:
+        """A clock probe to send now (``wall``: our wall-clock time), once streaming."""
+        return ["ping", self.epoch, wall] if self.stage in ("snapshot", "stream") else None
+
+    def receive(self, message: Any, wall: float = 0.0) -> list[Any] | None:
         if not isinstance(message, list) or not message or not isinstance(message[0], str):
             raise Refused("malformed", "not a replication message")
         kind = message[0]
@@ -250,6 +270,15 @@ class LeaderStream:
             if len(message) != 3 or not all(map(_uint, message[1:])):
                 raise Refused("malformed", "from")
             self._start(message[1], message[2])
+            return None
+        if kind == "pong" and self.stage in ("snapshot", "stream"):
+            if len(message) != 3 or not all(isinstance(t, float) for t in message[1:]):
+                raise Refused("malformed", "pong")
+            sent, theirs = message[1], message[2]
+            if not 0.0 <= wall - sent <= MAX_PING_RTT:
+                return None  # an answer to a ping we do not recognise: ignore
+            self.rtt = wall - sent
+            self.skew = theirs - (sent + self.rtt / 2)
             return None
         if kind == "ack" and self.stage in ("snapshot", "stream"):
             if len(message) != 2 or not _uint(message[1]) or message[1] > self.sent:

@@ -17,6 +17,7 @@ commit policy and ``rackboot status`` read.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ RETRY = (0.1, 2.0)  # a standby's redial backoff: first, longest
 ACK_TIMEOUT = 0.5  # s a streaming standby may leave a record unacknowledged before it is
 # declared ineligible (the active then commits without it, once a majority has it)
 ELIGIBILITY_TICK = 0.05  # s between looks at the standbys' progress
+PING_INTERVAL = 1.0  # s between clock probes of each standby
 
 
 class Link:
@@ -102,6 +104,7 @@ class Replication:
         self.poke_election: Callable[[], None] = lambda: None  # its runner re-reads its timer
         self._waiting_since: dict[str, float] = {}  # peer -> when it began holding commits up
         self._links: dict[str, trio.CancelScope] = {}  # peer -> its leader link
+        self.max_clock_skew = 10.0  # s: a standby's wall clock further off is ineligible
 
     @property
     def identity(self) -> Any:
@@ -167,7 +170,9 @@ class Replication:
         out = set()
         for peer in self.peers:
             stream = self.followers.get(peer)
-            if stream is not None and stream.acked >= last and stream.streaming:
+            if stream is not None and self._skewed(stream):
+                out.add(peer)  # its lease expiries would not be ours
+            elif stream is not None and stream.acked >= last and stream.streaming:
                 self._waiting_since.pop(peer, None)  # has everything: counts
             elif peer in current:
                 out.add(peer)  # still behind
@@ -176,6 +181,9 @@ class Replication:
             elif stream is None or now - self._waiting_since.setdefault(peer, now) > ACK_TIMEOUT:
                 out.add(peer)
         return frozenset(out)
+
+    def _skewed(self, stream: LeaderStream) -> bool:
+        return stream.skew is not None and abs(stream.skew) > self.max_clock_skew
 
     # -- TLS and who the peer is ------------------------------------------------------
 
@@ -231,7 +239,7 @@ class Replication:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._send_loop, link, stream, nursery.cancel_scope)
             while True:
-                answer = stream.receive(await link.receive())
+                answer = stream.receive(await link.receive(), time.time())
                 if answer is not None:
                     await link.send(answer)
                 self.refresh_eligibility()  # an acknowledgement may commit records
@@ -244,13 +252,17 @@ class Replication:
 
     async def _send_loop(self, link: Link, stream: LeaderStream, scope: trio.CancelScope) -> None:
         fence = self.node.fence
+        next_ping = trio.current_time()
         while True:
             if not fence.ok() or fence.epoch != stream.epoch:
                 scope.cancel()  # deposed: this node leads no one
                 return
+            if trio.current_time() >= next_ping and (ping := stream.ping(time.time())):
+                await link.send(ping)
+                next_ping = trio.current_time() + PING_INTERVAL
             message = stream.next_message()
             if message is None:
-                with trio.move_on_at(fence.valid_until):
+                with trio.move_on_at(min(fence.valid_until, next_ping)):
                     await self._appended.wait()
                 continue
             await link.send(message)
@@ -311,7 +323,7 @@ class Replication:
                 if message == ["not-leader"]:
                     nursery.cancel_scope.cancel()
                     return
-                actions, answer = side.receive(message)
+                actions, answer = side.receive(message, time.time())
                 for action in actions:
                     await self._do(action, durable)
                 if side.stage == "cut":
@@ -352,7 +364,8 @@ class Replication:
             "port": self.port,
             "followers": {
                 peer: {"stage": s.stage, "acked": s.acked, "lag": last - s.acked,
-                       "counted": peer not in skip}
+                       "counted": peer not in skip,
+                       "clock_skew": None if s.skew is None else round(s.skew, 3)}
                 for peer, s in self.followers.items()
             },
             "not_counted": sorted(skip),

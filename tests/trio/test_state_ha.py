@@ -83,3 +83,20 @@ async def test_prometheus_shows_the_log_and_each_followers_lag(tmp_path):
         assert "rackboot_state_lsn 1.0" in text
         assert "rackboot_state_follower_lag{peer=" in text
         assert "rackboot_state_follower_counted{peer=" in text
+
+
+async def test_a_standby_whose_clock_is_too_far_off_is_declared_ineligible(tmp_path):
+    async with rack(tmp_path) as (nodes, _):
+        await wait_until(lambda: len(actives(nodes)) == 1, what="one active")
+        active = nodes[actives(nodes)[0]]
+        await wait_until(lambda: any(s.skew is not None
+                                     for s in active.replication.followers.values()),
+                         what="a clock probe")  # fmt: skip
+        (peer, stream), = active.replication.followers.items()
+        assert abs(stream.skew) < 0.1  # one machine, one clock
+        assert active.replication.status()["followers"][peer]["clock_skew"] is not None
+        stream.skew = active.replication.max_clock_skew + 1.0  # as if its clock ran ahead
+        active.replication.refresh_eligibility()
+        assert peer in active.ha.election.proposer.wanted_ineligible
+        await wait_until(lambda: active.ha.status()["election"]["ineligible"] == [peer],
+                         what="the acceptors to know")  # fmt: skip

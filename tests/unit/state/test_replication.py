@@ -185,3 +185,28 @@ def test_the_leader_refuses_acks_beyond_what_it_sent_and_followers_of_newer_epoc
     leader.next_message()
     with pytest.raises(Refused):
         leader.receive(["ack", 9])
+
+
+def test_the_leader_estimates_a_followers_clock_skew_from_a_ping():
+    records = log_of([1] * 3)
+    leader = LeaderStream(MemorySource(records), epoch=1)
+    follower = follower_of(records)
+    follower.receive(leader.receive(follower.hello()))
+    leader.receive(follower.resume(1, 3))
+    ping = leader.ping(1000.0)
+    # the follower's clock is 20 s ahead; the answer comes back 0.2 s later
+    _, pong = follower.receive(ping, wall=1020.1)
+    leader.receive(pong, wall=1000.2)
+    assert leader.rtt == pytest.approx(0.2) and leader.skew == pytest.approx(20.0)
+    leader.receive(["pong", 10.0, 5.0], wall=1000.3)  # no ping of ours: ignored
+    assert leader.skew == pytest.approx(20.0)
+
+
+def test_a_ping_of_an_older_epoch_is_refused_like_its_records():
+    follower = follower_of(log_of([1] * 3), known_epoch=4)
+    follower.hello()
+    follower.receive(["end", 1, 3])
+    follower.resume(1, 3)
+    with pytest.raises(Refused) as refused:
+        follower.receive(["ping", 3, 1.0], wall=1.0)
+    assert refused.value.reason == "old-epoch"
