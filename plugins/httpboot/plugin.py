@@ -1,16 +1,17 @@
 """The ``httpboot`` plugin: the ``[httpboot]`` section, hooks, the ``httpboot.server`` service, status.
 
 Roles: scripts and files are served on every node at its own addresses (they
-are a pure function of the configuration and the token secret, like TFTP's
+are a pure function of the configuration and the rack's token secret, like TFTP's
 files), at the rack's VIP only while it holds the lease; events are recorded
-only by the active node, under the fence, a standby answers 503 with
-``Retry-After`` so the installer tries again and reaches the active one. See
-docs/httpboot.md.
+only by the active node, in the replicated state log, a standby answers 503 with
+``Retry-After`` so the installer tries again and reaches the active one. Every
+node shows every committed event. See docs/httpboot.md.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from appliance.api import (
 )
 from appliance.errors import ConfigError, PluginError
 from appliance.logs import get_logger
+from appliance.state.store import NotWriter
 
 from . import hookspecs
 from .connection import Limits
@@ -41,7 +43,7 @@ from .routes import BootPolicy, BuiltinRoutes
 from .script import Profile
 from .server import HttpServer
 from .stats import Stats
-from .store import EventStore, load_secret
+from .store import SECRET_NS, EventStore, Secret, import_legacy_journal, read_legacy_secret
 
 if TYPE_CHECKING:
     import pluggy
@@ -123,7 +125,9 @@ SECTION = Section(
         "secret_file": Field(
             Str(r"(/.*)?", "'' or an absolute file path"),
             default="",
-            doc="Secret the machines' event tokens derive from (default <data_dir>/httpboot/secret, created 0600).",
+            doc="Deprecated: the rack's token secret lives in the state log. A secret file of an "
+            "earlier release (default <data_dir>/httpboot/secret) is imported once by the active "
+            "node if the state has none, and ignored afterwards.",
         ),
         "max_connections": Field(
             Int(min=1, max=100_000), default=512, doc="Open connections; past it: 503 and close."
@@ -232,6 +236,8 @@ class HttpBootPlugin:
     @hookimpl
     def rackboot_role_changed(self, node: Node, old: Role, new: Role) -> None:
         self.active = new is Role.ACTIVE
+        if self.service is not None:
+            self.service.role_changed()
 
     @hookimpl
     def rackboot_status(self, node: Node) -> dict[str, Any]:
@@ -243,8 +249,10 @@ class HttpBootPlugin:
             "listening": [f"{a}:{p}" for a, p in service.server.bound],
             "root": str(service.root),
             "recording_events": self.active,
+            "secret": "present" if service.secret() is not None else "absent",
             "machines_with_events": len(service.store.table),
-            "journal": service.store.committer.status(),
+            "events": service.store.status(),
+            "journal": service.legacy_journal,
             **service.stats.as_dict(),
         }
 
@@ -258,9 +266,20 @@ class _Service:
         self.root = Path(settings.root) if settings.root else node.data_dir / "httpboot" / "root"
         self.stats = Stats()
         node.metrics.register(self.stats)
-        self.store = EventStore(
-            node.plugin_dir("httpboot") / "events.journal", settings.retain_events
+        self.store = EventStore(node.state, settings.retain_events)
+        self.secret = Secret(node.state)
+        # The files of earlier releases, imported once by an active node (docs/httpboot.md).
+        self.legacy_secret_path = (
+            Path(settings.secret_file)
+            if settings.secret_file
+            else node.plugin_dir("httpboot") / "secret"
         )
+        self.legacy_journal_path = node.plugin_dir("httpboot") / "events.journal"
+        # Its import: "none" (no such file), "pending" (until this node is active), then
+        # "imported", "not-imported" (the state had events already) or "failed".
+        self.legacy_journal: dict[str, Any] = {"outcome": "none", "damage": []}
+        self.settled = False  # the duties of an active node done (secret, import), once
+        self._role_changed = trio.Event()
         self.server = HttpServer(
             addresses=tuple(ipaddress.IPv4Address(str(a)) for a in settings.addresses),
             port=settings.port,
@@ -272,21 +291,24 @@ class _Service:
             fence=node.fence,
         )
 
-    def _router(self, secret: bytes) -> Router:
+    def role_changed(self) -> None:
+        changed, self._role_changed = self._role_changed, trio.Event()
+        changed.set()
+
+    def _router(self) -> Router:
         plugin, node, settings = self.plugin, self.node, self.plugin.settings
         assert plugin.pm is not None and plugin.policy is not None
         hook = plugin.pm.hook
         builtin = BuiltinRoutes(
             root=self.root,
             policy=plugin.policy,
-            secret=secret,
+            secret=self.secret,
             store=self.store,
             stats=self.stats,
             public_url=settings.base_url,
             admin_token=settings.admin_token,
             max_event_bytes=settings.max_event_bytes,
             is_active=lambda: plugin.active,
-            fence=node.fence.ok,
             status=node.status,
             metrics=node.metrics,
             script_hook=hook.httpboot_boot_script,
@@ -299,20 +321,24 @@ class _Service:
             raise PluginError(f"httpboot_routes: {exc}") from None
 
     async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        settings = self.plugin.settings
-        secret_path = (
-            Path(settings.secret_file)
-            if settings.secret_file
-            else node.plugin_dir("httpboot") / "secret"
-        )
-        secret = await trio.to_thread.run_sync(load_secret, secret_path)
+        if self.plugin.settings.secret_file:
+            log.warning("httpboot.secret_file is deprecated: the rack's token secret lives in "
+                        "the state log; the file is only imported once, if the state has none",
+                        path=str(self.legacy_secret_path))  # fmt: skip
+        # Read (and its mode checked) at every start: a readable secret stops the service.
+        legacy_secret = await trio.to_thread.run_sync(read_legacy_secret, self.legacy_secret_path)
         if not self.root.is_dir():
             self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
             log.info("created HTTP root", root=str(self.root))
-        self.server.router = self._router(secret)
-        await trio.to_thread.run_sync(self.store.load)
+        self.server.router = self._router()
+        if self.legacy_journal_path.exists():
+            self.legacy_journal = {"outcome": "pending", "damage": []}
+        self.store.load()
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.store.run)
+            await nursery.start(self.store.follow)
+            nursery.start_soon(self.store.announce_late)
+            nursery.start_soon(self._watch_secret, legacy_secret)
+            nursery.start_soon(self._duties, legacy_secret)
             await nursery.start(self.server.serve)
             log.info(
                 "listening",
@@ -320,6 +346,52 @@ class _Service:
                 root=str(self.root),
             )
             task_status.started()
+
+    async def _duties(self, legacy_secret: bytes | None) -> None:
+        """What the active node writes once: the token secret if the state has none, the
+        events journal of an earlier release. Again at each becoming active until done."""
+        while not self.settled:
+            changed = self._role_changed
+            if self.plugin.active and self.node.fence.ok():
+                try:
+                    await self.secret.ensure(legacy_secret, self.node.config.node.name)
+                    await self._import_journal()
+                    self.settled = True
+                    return
+                except NotWriter as exc:
+                    log.warning("lost the lease before the events secret or journal were "
+                                "written; again when active", error=str(exc))  # fmt: skip
+            await changed.wait()
+
+    async def _import_journal(self) -> None:
+        try:
+            self.legacy_journal = await import_legacy_journal(
+                self.node.state, self.legacy_journal_path,
+                self.plugin.settings.retain_events, self.node.config.node.name,
+            )  # fmt: skip
+        except OSError as exc:  # a migration that fails does not stop the node: it says so
+            log.error("could not import the events journal of an earlier release",
+                      file=str(self.legacy_journal_path), error=str(exc))  # fmt: skip
+            self.legacy_journal = {"outcome": "failed", "error": str(exc), "damage": []}
+
+    async def _watch_secret(self, legacy_secret: bytes | None) -> None:
+        """Say when the rack's secret is here (a standby's scripts answer 503 until then),
+        and whether a secret file of an earlier release differs from it (the tokens that
+        file made are refused from now on)."""
+        state = self.node.state
+        had: bytes | None = None
+        async with aclosing(state.subscribe(SECRET_NS, state.position)) as changes:
+            while True:
+                secret = self.secret()
+                if secret is not None and secret != had:
+                    log.info("the rack's events token secret is here", lsn=state.position.lsn)
+                    if legacy_secret is not None and legacy_secret != secret:
+                        log.warning("the secret file of an earlier release differs from the "
+                                    "rack's token secret and is ignored: tokens made with it "
+                                    "are refused; remove it",
+                                    path=str(self.legacy_secret_path))  # fmt: skip
+                had = secret
+                await anext(changes)
 
 
 plugin = HttpBootPlugin()

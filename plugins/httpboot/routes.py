@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import prometheus_client
-import trio
 
 from appliance import confine
 from appliance.logs import get_logger
 
-from .events import BadEvent, Cleared, Event, parse_event_untrusted
+from .events import BadEvent, Event, parse_event_untrusted
 from .identity import bearer_untrusted, machine_token, parse_mac_untrusted, token_matches
 from .messages import Request, Response, Route
 from .script import Machine, Profile, base_url, render_ipxe
@@ -35,7 +34,6 @@ from .store import EventStore
 
 log = get_logger("httpboot")
 
-DURABLE_WAIT = 10.0  # seconds an event may wait for the disk before the installer gets 503
 CHALLENGE = (b"www-authenticate", b'Bearer realm="rackboot"')
 
 
@@ -57,14 +55,13 @@ class BuiltinRoutes:
         *,
         root: Path,
         policy: BootPolicy,
-        secret: bytes,
+        secret: Callable[[], bytes | None],
         store: EventStore,
         stats: Stats,
         public_url: str,
         admin_token: str,
         max_event_bytes: int,
         is_active: Callable[[], bool],
-        fence: Callable[[], bool],
         status: Callable[[], dict[str, Any]],
         metrics: prometheus_client.CollectorRegistry,
         script_hook: Callable[..., str | None],
@@ -72,14 +69,13 @@ class BuiltinRoutes:
     ) -> None:
         self.root = root
         self.policy = policy
-        self.secret = secret
+        self.secret = secret  # the rack's token secret, None until this node has it
         self.store = store
         self.stats = stats
         self.public_url = public_url.rstrip("/")
         self.admin_token = admin_token
         self.max_event_bytes = max_event_bytes
         self.is_active = is_active
-        self.fence = fence  # node.fence.ok: does this node still hold the rack's lease?
         self.status_of_node = status
         self.metrics = metrics
         self.script_hook = script_hook
@@ -118,11 +114,15 @@ class BuiltinRoutes:
         if mac is None:  # not a machine's script: a file of that name, if any
             request.params["path"] = request.path.removeprefix("/boot/")
             return self.static(request)
+        secret = self.secret()
+        if secret is None:  # a standby before the active's secret reached it: no token to give
+            self.stats.scripts_unavailable += 1
+            return Response.unavailable("no events token secret here yet; try again")
         machine = Machine(
             mac=mac,
             profile=self.policy.profile_for(mac),
             base_url=self.public_url or base_url(*request.local),
-            token=machine_token(self.secret, mac),
+            token=machine_token(secret, mac),
             client=request.client[0],
         )
         default = render_ipxe(machine)
@@ -143,8 +143,12 @@ class BuiltinRoutes:
         mac = self._machine_or_none(request)
         if mac is None:
             return Response.error(404)
+        secret = self.secret()
+        if secret is None:
+            self.stats.event_refusals["no-secret"] += 1
+            return Response.unavailable("no events token secret here yet; try again")
         presented = bearer_untrusted(request.header(b"authorization"))
-        if not token_matches(machine_token(self.secret, mac), presented):
+        if not token_matches(machine_token(secret, mac), presented):
             self.stats.event_refusals["unauthorized"] += 1
             return _unauthorized()
         if not self.is_active():
@@ -155,39 +159,27 @@ class BuiltinRoutes:
         except BadEvent as exc:
             self.stats.event_refusals["invalid"] += 1
             return Response.error(400, str(exc))
-        event = self.store.table.next_event(
-            mac, stage, status, message, time.time(), request.client[0]
-        )
-        refusal = await self._record(event)
+        event = self.store.next_event(mac, stage, status, message, time.time(), request.client[0])
+        # Appended only by the holder of the lease (the state store asks the fence), and
+        # answered once committed: durable here and acknowledged by the standbys. A lease
+        # lost before the commit: neither acknowledged nor announced; the installer
+        # retries at the new active, which never saw this record.
+        refusal = await self.store.record(event, self._announce)
         if refusal is not None:
             self.stats.event_refusals[refusal] += 1
             return _standby()
         self.stats.events_recorded[status] += 1
-        log.info("machine event", mac=mac, seq=event.seq, stage=stage, status=status)
+        return Response.json({"mac": mac, **event.as_json()}, status=201)
+
+    def _announce(self, event: Event) -> None:
+        """Once per committed event, on the node that recorded it."""
+        log.info("machine event", mac=event.mac, seq=event.seq, stage=event.stage,
+                 status=event.status)  # fmt: skip
         try:
             self.event_hook(event=event)
         except Exception as exc:
-            log.error("machine event hook failed", mac=mac, error=f"{type(exc).__name__}: {exc}")
-        return Response.json({"mac": mac, **event.as_json()}, status=201)
-
-    async def _record(self, record: Event | Cleared) -> str | None:
-        """Journal ``record`` and wait until it is durable, under the fence: None when
-        it may be acknowledged (and announced), else why not.
-
-        Decided while active (the caller checked the role), so the fence is asked
-        before writing (nothing is journaled once it closed) and again after the
-        wait: a record made durable while the lease was lost is neither
-        acknowledged nor announced, and the installer retries at the new active.
-        """
-        if not self.fence():
-            return "fenced"
-        done = trio.Event()
-        self.store.commit(record, done.set)
-        with trio.move_on_after(DURABLE_WAIT):
-            await done.wait()
-        if not done.is_set():
-            return "not-durable"
-        return None if self.fence() else "fenced"
+            log.error("machine event hook failed", mac=event.mac,
+                      error=f"{type(exc).__name__}: {exc}")  # fmt: skip
 
     async def clear_events(self, request: Request) -> Response:
         if not self.admin_token:
@@ -199,8 +191,8 @@ class BuiltinRoutes:
             return Response.error(404)
         if not self.is_active():
             return _standby()
-        forgotten = len(self.store.table.events(mac))
-        if await self._record(self.store.table.clearing(mac)) is not None:
+        forgotten, refusal = await self.store.clear(mac)
+        if refusal is not None:
             return _standby()
         log.info("machine events cleared", mac=mac, events=forgotten, client=request.client[0])
         return Response.json({"mac": mac, "cleared": forgotten})

@@ -14,9 +14,12 @@ from prometheus_client.registry import Collector
 # request_timeout), "idle" (keep-alive with no new request within idle_timeout), "send"
 # (the client took nothing for send_timeout).
 TIMEOUTS = ("request", "idle", "send")
-# Why a posted event was not recorded (or, "fenced", was made durable but neither
-# acknowledged nor announced: the lease was lost before the answer).
-EVENT_REFUSALS = ("unauthorized", "invalid", "too-large", "standby", "not-durable", "fenced")
+# Why a posted event was not recorded: "standby" (this node is not the active one),
+# "fenced" (it lost the lease before the record committed: neither acknowledged nor
+# announced), "not-durable" (not committed within 10 s), "no-secret" (this node has no
+# token secret yet to check the token with).
+EVENT_REFUSALS = ("unauthorized", "invalid", "too-large", "standby", "not-durable", "fenced",
+                  "no-secret")  # fmt: skip
 
 
 class Stats(Collector):
@@ -32,6 +35,7 @@ class Stats(Collector):
         self.events_recorded: Counter[str] = Counter()  # by event status
         self.event_refusals: Counter[str] = Counter({r: 0 for r in EVENT_REFUSALS})
         self.scripts: Counter[str] = Counter()  # by profile
+        self.scripts_unavailable = 0  # 503: no token secret on this node yet
 
     def count_request(self, method: str, status: int) -> None:
         known = method in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
@@ -53,6 +57,7 @@ class Stats(Collector):
             "events_recorded": sum(self.events_recorded.values()),
             "event_refusals": dict(self.event_refusals),
             "scripts": dict(self.scripts),
+            "scripts_unavailable": self.scripts_unavailable,
         }
 
     def collect(self) -> Iterator[Any]:
@@ -107,3 +112,8 @@ class Stats(Collector):
         for profile, n in sorted(self.scripts.items()):
             scripts.add_metric([profile], n)
         yield scripts
+        yield CounterMetricFamily(
+            "rackboot_http_boot_scripts_unavailable",
+            "iPXE scripts refused (503) because this node has no events token secret yet.",
+            value=self.scripts_unavailable,
+        )

@@ -1,11 +1,14 @@
 """The httpboot plugin in a node (real loopback sockets, real clock, every test bounded):
 configuration, scripts by profile, confinement with planted symlinks, the events API and
-its tokens, admin auth, durability across a restart, status, metrics, hooks."""
+its tokens, admin auth, events and the secret in the state log across a restart, the lease
+lost before an event commits, the import of an earlier release's files, status, metrics,
+hooks."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,11 +22,14 @@ from appliance.errors import ConfigError, PluginError, RackbootError
 from appliance.node import Node
 from appliance.pluginmanager import collect_sections
 from plugins.dhcp.plugin import DhcpPlugin
+from plugins.httpboot.events import EVENTS_NS, Cleared, Event, encode_record
 from plugins.httpboot.identity import machine_token
 from plugins.httpboot.messages import Response, Route
 from plugins.httpboot.plugin import HttpBootPlugin
+from plugins.httpboot.store import SECRET_KEY, SECRET_NS, Secret
 from tests.support.http import fetch
 from tests.support.plugins import configured
+from tests.trio.test_cluster import wait_until
 
 LIMIT = 20
 MAC = "52:54:00:12:34:56"
@@ -51,8 +57,21 @@ async def running(tmp_path: Path, document: dict, **plugins) -> AsyncIterator[tu
             lambda task_status: node.run(handle_signals=False, task_status=task_status)
         )
         host, port = node.status()["httpboot"]["listening"][0].split(":")
+        await wait_until(lambda: settled(node), what="the secret and the import")
         yield node, f"{host}:{port}"
         node.request_stop("test")
+
+
+def settled(node: Node) -> bool:
+    """An active node's duties are done: the secret is in the state, an old journal read."""
+    status = node.status()["httpboot"]
+    return status["secret"] == "present" and status["journal"]["outcome"] != "pending"
+
+
+def rack_secret(node: Node) -> bytes:
+    secret = Secret(node.state)()
+    assert secret is not None
+    return secret
 
 
 def address(listening: str) -> tuple[str, int]:
@@ -125,7 +144,7 @@ async def test_scripts_follow_the_machine_profile_and_the_address_asked(tmp_path
         async with running(tmp_path, document) as (node, listening):
             where = address(listening)
             base = f"http://{listening}"
-            token = machine_token((tmp_path / "data" / "httpboot" / "secret").read_bytes(), MAC)
+            token = machine_token(rack_secret(node), MAC)
             debian = await fetch(where, "GET", "/boot/52-54-00-12-34-56.ipxe")
             assert debian.status == 200 and debian.header(b"cache-control") == b"no-store"
             assert debian.body.decode().splitlines() == [
@@ -225,8 +244,9 @@ async def test_events_need_the_machines_own_token(tmp_path):
     with trio.fail_after(LIMIT):
         async with running(tmp_path, settings()) as (node, listening):
             where = address(listening)
-            secret = (tmp_path / "data" / "httpboot" / "secret").read_bytes()
-            assert (tmp_path / "data" / "httpboot" / "secret").stat().st_mode & 0o777 == 0o600
+            secret = rack_secret(node)
+            assert len(secret) == 32 and not (tmp_path / "data" / "httpboot" / "secret").exists()
+            assert node.state.get(SECRET_NS, SECRET_KEY)["origin"] == "created"
             token = machine_token(secret, MAC)
             url = "/api/v1/machines/52-54-00-12-34-56/events"
             missing = await fetch(where, "POST", url, body=event_body())
@@ -285,6 +305,7 @@ async def test_events_need_the_machines_own_token(tmp_path):
                 "standby": 1,
                 "not-durable": 0,
                 "fenced": 0,
+                "no-secret": 0,
             }
             metrics = (await fetch(where, "GET", "/metrics")).body.decode()
             assert 'rackboot_http_events_total{status="ok"} 1.0' in metrics
@@ -303,11 +324,9 @@ async def test_admin_routes_are_off_by_default_and_need_the_token(tmp_path):
         async with running(tmp_path / "off", settings()) as (_, listening):
             off = await fetch(address(listening), "DELETE", url, headers=bearer(ADMIN))
             assert off.status == 403 and b"admin API disabled" in off.body
-        async with running(tmp_path / "on", settings(admin_token=ADMIN)) as (_, listening):
+        async with running(tmp_path / "on", settings(admin_token=ADMIN)) as (node, listening):
             where = address(listening)
-            token = machine_token(
-                (tmp_path / "on" / "data" / "httpboot" / "secret").read_bytes(), MAC
-            )
+            token = machine_token(rack_secret(node), MAC)
             for _ in range(3):
                 await fetch(where, "POST", url, headers=bearer(token), body=event_body())
             assert (await fetch(where, "DELETE", url)).status == 401
@@ -316,12 +335,17 @@ async def test_admin_routes_are_off_by_default_and_need_the_token(tmp_path):
             assert (cleared.status, json.loads(cleared.body)["cleared"]) == (200, 3)
             again = await fetch(where, "POST", url, headers=bearer(token), body=event_body())
             assert json.loads(again.body)["seq"] == 4  # the sequence never goes back
+            # the clearing is a marker record, and the cleared events are deleted records
+            await wait_until(lambda: len(list(node.state.scan(EVENTS_NS))) == 2)
+            assert dict(node.state.scan(EVENTS_NS))[f"{MAC}/cleared"] == {"seq": 3}
 
 
-async def test_events_and_the_secret_survive_a_restart(tmp_path):
+async def test_events_and_the_secret_survive_a_restart_in_the_state_log(tmp_path):
+    """Each event is a record of the state log under its own key, the secret one too; no
+    file of the plugin's own holds either."""
     url = "/api/v1/machines/52-54-00-12-34-56/events"
     with trio.fail_after(LIMIT):
-        async with running(tmp_path, settings()) as (_, listening):
+        async with running(tmp_path, settings()) as (node, listening):
             script = (await fetch(address(listening), "GET", "/boot/52-54-00-12-34-56.ipxe")).body
             token = script.split(b"rackboot.token=")[1].split()[0].decode()
             for stage in ("partition", "install"):
@@ -329,7 +353,10 @@ async def test_events_and_the_secret_survive_a_restart(tmp_path):
                     address(listening), "POST", url, headers=bearer(token), body=event_body(stage)
                 )
                 assert reply.status == 201
-        async with running(tmp_path, settings()) as (_, listening):
+            keys = [key for key, _ in node.state.scan(EVENTS_NS)]
+            assert keys == [f"{MAC}/0000000001", f"{MAC}/0000000002"]
+        assert sorted(p.name for p in (tmp_path / "data" / "httpboot").iterdir()) == ["root"]
+        async with running(tmp_path, settings()) as (node, listening):
             where = address(listening)
             again = (await fetch(where, "GET", "/boot/52-54-00-12-34-56.ipxe")).body
             assert f"rackboot.token={token} ".encode() in again.replace(b"\n", b" ")
@@ -417,3 +444,152 @@ async def test_a_route_taken_twice_stops_the_service_naming_it(tmp_path):
     )
     with trio.fail_after(LIMIT), pytest.raises(PluginError, match="GET /metrics is routed twice"):
         await Node(config, pm).run(handle_signals=False)
+
+
+# -- the state log: the lease lost before an event commits, a standby without the secret,
+# -- the import of an earlier release's files --------------------------------------------
+
+EVENTS_URL = "/api/v1/machines/52-54-00-12-34-56/events"
+
+
+class Held:
+    """A commit policy that commits nothing past ``limit`` (a standby yet to acknowledge)."""
+
+    def __init__(self) -> None:
+        self.limit = 0
+
+    def committable(self, durable: int) -> int:
+        return min(durable, self.limit)
+
+
+async def test_a_lease_lost_before_an_event_commits_gets_503_and_no_hook(tmp_path):
+    """The event's record is on disk but waits for the standby's acknowledgement when the
+    lease is lost: the installer gets 503 (it retries at the new active) and no plugin hears
+    of the event. Back under the lease, the retry is recorded and announced once."""
+    extension = Extension()
+    with trio.fail_after(LIMIT):
+        async with running(tmp_path, settings(), ext=extension) as (node, listening):
+            where = address(listening)
+            token = machine_token(rack_secret(node), MAC)
+            local, node.state.policy = node.state.policy, Held()
+            replies = []
+
+            async def post() -> None:
+                reply = await fetch(where, "POST", EVENTS_URL, headers=bearer(token),
+                                    body=event_body())  # fmt: skip
+                replies.append(reply)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post)
+                state = node.state
+                await wait_until(lambda: len(state.uncommitted) == 1 and state.durable == state.last(),
+                                 what="the event durable, not committed")  # fmt: skip
+                node.set_role(Role.STANDBY)  # the lease lost: the fence closes first
+                node.state.advance()
+            assert replies[0].status == 503 and replies[0].header(b"retry-after") == b"1"
+            assert extension.events == []
+            assert node.status()["httpboot"]["event_refusals"]["fenced"] == 1
+            node.state.policy = local
+            node.set_role(Role.ACTIVE)
+            again = await fetch(where, "POST", EVENTS_URL, headers=bearer(token), body=event_body())
+            assert again.status == 201
+            assert [event.seq for event in extension.events] == [json.loads(again.body)["seq"]]
+
+
+async def test_a_node_without_the_secret_serves_no_script_and_takes_no_event(tmp_path):
+    """A standby of a brand-new rack, before the active's secret reached it: it makes none
+    up (a token of its own would be refused after a failover); scripts and events get 503."""
+    from appliance.ha.fence import Fence
+    from appliance.state.store import StateStore
+    from plugins.httpboot.messages import Request
+    from plugins.httpboot.routes import BootPolicy, BuiltinRoutes
+    from plugins.httpboot.script import Profile
+    from plugins.httpboot.stats import Stats
+    from plugins.httpboot.store import EventStore
+
+    fence = Fence(trio.current_time)
+    state = StateStore(tmp_path / "state", fence)
+    state.load()
+    stats = Stats()
+    routes = BuiltinRoutes(
+        root=tmp_path, policy=BootPolicy({"default": Profile("default", "vmlinuz", (), "")}, {},
+                                         "default"),
+        secret=Secret(state), store=EventStore(state, 16), stats=stats, public_url="",
+        admin_token="", max_event_bytes=4096, is_active=lambda: False, status=dict,
+        metrics=None, script_hook=lambda **kw: None, event_hook=lambda event: None,
+    )  # fmt: skip
+
+    def request(method: str, path: str, **params: str) -> Request:
+        return Request(method, path, b"", {b"authorization": b"Bearer " + b"0" * 32},
+                       ("10.0.0.5", 1), ("10.0.0.1", 80), event_body(), params)  # fmt: skip
+
+    script = routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
+    assert script.status == 503 and (b"retry-after", b"1") in script.headers
+    event = await routes.post_event(request("POST", EVENTS_URL, mac=MAC))
+    assert event.status == 503 and stats.event_refusals["no-secret"] == 1
+    assert stats.scripts_unavailable == 1
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(state.run)
+            fence.grant(math.inf, 1)
+            await Secret(state).ensure(None, "a")  # what the active writes; replicated here
+            nursery.cancel_scope.cancel()
+    script = routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
+    assert script.status == 200
+    assert f"rackboot.token={machine_token(Secret(state)(), MAC)}".encode() in script.body
+
+
+def plant_journal(path: Path, records: list) -> None:
+    from appliance.journal import frame
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.write_bytes(b"".join(frame(encode_record(record)) for record in records))
+
+
+async def test_an_earlier_releases_secret_and_journal_are_imported_once(tmp_path):
+    """An upgraded active node: its secret file becomes the rack's secret (the tokens its
+    installers hold stay good) and its events journal is imported (retention applied), then
+    set aside. A journal found when the state already holds events is not imported."""
+    directory = tmp_path / "data" / "httpboot"
+    directory.mkdir(parents=True, mode=0o700)
+    old = os.urandom(32)
+    (directory / "secret").write_bytes(old)
+    (directory / "secret").chmod(0o600)
+    other = "52:54:00:00:00:02"
+    plant_journal(directory / "events.journal", [
+        *(Event(MAC, seq, 1.0e9 + seq, f"s{seq}", "progress", "", "10.0.0.5") for seq in (1, 2, 3)),
+        Event(other, 1, 1.0e9, "started", "started"), Cleared(other, 4),
+    ])  # fmt: skip
+    token = machine_token(old, MAC)
+    with trio.fail_after(LIMIT):
+        async with running(tmp_path, settings(retain_events=2)) as (node, listening):
+            where = address(listening)
+            assert rack_secret(node) == old
+            assert node.state.get(SECRET_NS, SECRET_KEY)["origin"] == "imported"
+            script = (await fetch(where, "GET", "/boot/52-54-00-12-34-56.ipxe")).body
+            assert f"rackboot.token={token}".encode() in script
+            report = node.status()["httpboot"]["journal"]
+            assert (report["outcome"], report["records"], report["entries"]) == ("imported", 5, 3)
+            machine = json.loads((await fetch(where, "GET", "/api/v1/machines/" + MAC)).body)
+            assert [e["seq"] for e in machine["events"]] == [2, 3]
+            assert machine["events"][0]["client"] == "10.0.0.5"
+            reply = await fetch(where, "POST", EVENTS_URL, headers=bearer(token), body=event_body())
+            assert json.loads(reply.body)["seq"] == 4
+            cleared = f"/api/v1/machines/{other.replace(':', '-')}/events"
+            reply = await fetch(where, "POST", cleared, headers=bearer(machine_token(old, other)),
+                                body=event_body())  # fmt: skip
+            assert json.loads(reply.body)["seq"] == 5  # after the imported clearing
+            await wait_until(lambda: node.state.get(EVENTS_NS, f"{MAC}/0000000002") is None,
+                             what="the event past retention deleted")  # fmt: skip
+        names = sorted(p.name for p in directory.iterdir())
+        assert "events.journal" not in names and "secret" in names  # the secret file is kept
+        assert [n for n in names if n.startswith("events.journal.imported-")]
+        # a journal found once the state holds events: set aside, not imported
+        plant_journal(directory / "events.journal", [Event(MAC, 1, 1.0e9, "x", "ok")])
+        async with running(tmp_path, settings(retain_events=2)) as (node, listening):
+            assert node.status()["httpboot"]["journal"]["outcome"] == "not-imported"
+            machine = json.loads(
+                (await fetch(address(listening), "GET", "/api/v1/machines/" + MAC)).body
+            )
+            assert [e["seq"] for e in machine["events"]] == [3, 4]
+        assert [p for p in directory.iterdir() if p.name.startswith("events.journal.not-imported-")]
