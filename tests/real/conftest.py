@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ha_lab import Rack
 from tests.support.netns import Lab, need_root, probe_netns
 
 HERE = Path(__file__).parent
@@ -31,3 +32,23 @@ def netns_available() -> None:
 def lab(netns_available: None) -> Iterator[Lab]:
     with Lab() as lab:
         yield lab
+
+
+def _rack(lab: Lab, tmp_path: Path, **kw) -> Iterator[Rack]:
+    made = Rack(lab, tmp_path, **kw)
+    try:
+        yield made.start()
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def rack(lab: Lab, tmp_path: Path) -> Iterator[Rack]:
+    """Two appliances and a witness, started, one of them active (tests/support/ha_lab.py)."""
+    yield from _rack(lab, tmp_path)
+
+
+@pytest.fixture
+def probed_rack(lab: Lab, tmp_path: Path) -> Iterator[Rack]:
+    """A rack whose client host has an address, to ask ARP (or DHCP by unicast) from."""
+    yield from _rack(lab, tmp_path, client_addr=True)

@@ -23,25 +23,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.support import arp_probe
 from tests.support.dhcplab import Udhcpc, wait_until
-from tests.support.ha_lab import Rack
-from tests.support.netns import Lab, have_commands
+from tests.support.netns import have_commands
 
 pytestmark = pytest.mark.skipif(not have_commands("udhcpc"), reason="needs busybox udhcpc")
-
-
-@pytest.fixture
-def rack(lab: Lab, tmp_path: Path):
-    made = Rack(lab, tmp_path)
-    try:
-        yield made.start()
-    finally:
-        made.close()
 
 
 def other(name: str) -> str:
@@ -137,16 +126,6 @@ def test_sigusr2_steps_down_and_sigusr1_takes_the_lease_back(rack):
                detail=rack.logs)  # fmt: skip
     assert rack.nodes[second].ha()["last_change"].endswith("handover")
     wait_until(lambda: rack.has_vip(first) and not rack.has_vip(second), 3, "the VIP back")
-
-
-@pytest.fixture
-def probed_rack(lab: Lab, tmp_path: Path):
-    """A rack whose client host has an address, to ask ARP from."""
-    made = Rack(lab, tmp_path, client_addr=True)
-    try:
-        yield made.start()
-    finally:
-        made.close()
 
 
 def vip_answers(rack, seconds: float, act) -> list[tuple[float, str]]:

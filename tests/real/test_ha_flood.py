@@ -30,15 +30,6 @@ RATE = 6000  # datagrams/s over the three ports: 2,000/s each
 SECONDS = 6.0
 
 
-@pytest.fixture
-def rack(lab: Lab, tmp_path: Path):
-    made = Rack(lab, tmp_path)
-    try:
-        yield made.start()
-    finally:
-        made.close()
-
-
 def start_flood(rack: Rack, lab: Lab, tmp_path: Path) -> subprocess.Popen:
     attacker = lab.add_host("x")
     targets = ",".join(f"{rack.hosts[n].addr}:{PORT}" for n in ("a", "b", "w"))
