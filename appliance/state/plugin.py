@@ -37,7 +37,7 @@ async def run(node: Any, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
                 peers[node_id] = (host, int(port) + 1)
             node.replication = Replication(node, store, peers, str(settings.listen), settings.port + 1)
             node.replication.known_epoch = lambda: _known_epoch(node)
-            node.replication.max_clock_skew = settings.max_clock_skew
+            node.replication.rule.max_clock_skew = settings.max_clock_skew
             store.policy = node.replication  # the leader commits what the standbys have
             await nursery.start(node.replication.run)
         task_status.started()

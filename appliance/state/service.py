@@ -26,6 +26,7 @@ import trio
 from appliance.cluster import pki
 from appliance.cluster.transport import client_context, server_context, tls_reason, utcnow
 from appliance.logs import get_logger
+from appliance.state.commit import CommitRule
 from appliance.state.replication import Append, FollowerStream, Install, LeaderStream, Truncate
 from appliance.state.signing import MAX_FRAME, Refused, open_untrusted, seal
 from appliance.state.store import StateStore
@@ -102,9 +103,8 @@ class Replication:
         store.on_append.append(self._wake_sender)
         self.election: Any = None  # the embedded election, once the HA service made it
         self.poke_election: Callable[[], None] = lambda: None  # its runner re-reads its timer
-        self._waiting_since: dict[str, float] = {}  # peer -> when it began holding commits up
         self._links: dict[str, trio.CancelScope] = {}  # peer -> its leader link
-        self.max_clock_skew = 10.0  # s: a standby's wall clock further off is ineligible
+        self.rule = CommitRule(peers, ack_timeout=ACK_TIMEOUT)
 
     @property
     def identity(self) -> Any:
@@ -120,20 +120,11 @@ class Replication:
             nursery.start_soon(self._eligibility_loop)
             task_status.started()
 
-    # -- who must acknowledge before a record commits ------------------------------------
+    # -- who must acknowledge before a record commits (appliance/state/commit.py) ---------
 
     def committable(self, durable: int) -> int:
-        """The leader's commit rule (the store's policy while it holds the lease): durable
-        here and acknowledged by every appliance of the rack except those declared
-        ineligible, in force at a majority of acceptors and still meant (one that catches
-        up counts again at once)."""
-        skip = self._skipped()
-        limit = durable
-        for peer in self.peers:
-            if peer not in skip:
-                stream = self.followers.get(peer)
-                limit = min(limit, stream.acked if stream is not None else 0)
-        return limit
+        """The store's commit policy while this node holds the lease."""
+        return self.rule.committable(durable, self.followers, self._skipped())
 
     def _skipped(self) -> frozenset[str]:
         if self.election is None:
@@ -150,40 +141,15 @@ class Replication:
         """Tell the election who lags now (it renews at once when that changed), and commit
         what the acknowledgements and the ineligibility in force allow."""
         if self.election is not None:
-            now = trio.current_time()
-            if self.election.set_ineligible(self._lagging(now), now):
+            now, store = trio.current_time(), self.store
+            lagging = self.rule.lagging(
+                now, leading=self.node.fence.ok(), last=store.last(),
+                pending=store.last() > store.tables.lsn, followers=self.followers,
+                declared=self.election.proposer.wanted_ineligible,
+            )  # fmt: skip
+            if self.election.set_ineligible(lagging, now):
                 self.poke_election()
         self.store.advance()
-
-    def _lagging(self, now: float) -> frozenset[str]:
-        """Who may not count for commits. Declared only when needed: a standby that holds
-        up a record (at once if it does not even follow this node, after ACK_TIMEOUT if it
-        follows but does not acknowledge); one declared stays so until it has everything
-        (sent and acknowledged), then counts again. A node that does not lead declares
-        nobody (what it knew as a leader is stale once another led)."""
-        if not self.node.fence.ok():
-            self._waiting_since.clear()
-            return frozenset()
-        last = self.store.last()
-        pending = last > self.store.tables.lsn
-        current = self.election.proposer.wanted_ineligible if self.election else frozenset()
-        out = set()
-        for peer in self.peers:
-            stream = self.followers.get(peer)
-            if stream is not None and self._skewed(stream):
-                out.add(peer)  # its lease expiries would not be ours
-            elif stream is not None and stream.acked >= last and stream.streaming:
-                self._waiting_since.pop(peer, None)  # has everything: counts
-            elif peer in current:
-                out.add(peer)  # still behind
-            elif not pending:
-                self._waiting_since.pop(peer, None)  # nothing waits for it
-            elif stream is None or now - self._waiting_since.setdefault(peer, now) > ACK_TIMEOUT:
-                out.add(peer)
-        return frozenset(out)
-
-    def _skewed(self, stream: LeaderStream) -> bool:
-        return stream.skew is not None and abs(stream.skew) > self.max_clock_skew
 
     # -- TLS and who the peer is ------------------------------------------------------
 

@@ -95,7 +95,7 @@ async def test_a_standby_whose_clock_is_too_far_off_is_declared_ineligible(tmp_p
         (peer, stream), = active.replication.followers.items()
         assert abs(stream.skew) < 0.1  # one machine, one clock
         assert active.replication.status()["followers"][peer]["clock_skew"] is not None
-        stream.skew = active.replication.max_clock_skew + 1.0  # as if its clock ran ahead
+        stream.skew = active.replication.rule.max_clock_skew + 1.0  # as if its clock ran ahead
         active.replication.refresh_eligibility()
         assert peer in active.ha.election.proposer.wanted_ineligible
         await wait_until(lambda: active.ha.status()["election"]["ineligible"] == [peer],

@@ -24,6 +24,7 @@ SANS_IO = [
     "appliance.state.tables",
     "appliance.state.signing",
     "appliance.state.replication",
+    "appliance.state.commit",
     "appliance.errors",
     "appliance.confine",  # the filesystem only: no network, no clock
     "plugins.dhcp.options",
