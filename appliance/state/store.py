@@ -96,8 +96,13 @@ class Reset:
 
 
 class StateStore:
-    def __init__(self, directory: Path, fence: Fence, policy: CommitPolicy | None = None) -> None:
-        self.log = StateLog(Path(directory) / "log")
+    def __init__(self, directory: Path, fence: Fence, policy: CommitPolicy | None = None, *,
+                 log: Any = None, blocking: Any = None) -> None:  # fmt: skip
+        """``log``: the file (a :class:`StateLog` under ``directory`` unless given: the
+        simulation keeps one in memory); ``blocking``: how its blocking calls run (a worker
+        thread unless given)."""
+        self.log = log if log is not None else StateLog(Path(directory) / "log")
+        self._blocking = blocking or trio.to_thread.run_sync
         self.fence = fence
         self.policy: CommitPolicy = policy or LocalCommit()
         self.tables = Tables()
@@ -125,7 +130,8 @@ class StateStore:
     def load(self) -> Recovery:
         """Read the log (blocking). A break in it is reported, and what follows is applied
         as well: the later records are the best this node has (see appliance/state/log.py)."""
-        self.log.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if isinstance(self.log, StateLog):
+            self.log.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         recovery = self.log.open()
         self.tables, self.base, self.tail = recovery.tables, recovery.base, list(recovery.tail)
         self.base_epoch = recovery.base_epoch
@@ -171,7 +177,7 @@ class StateStore:
         data, last = bytes(self._unwritten), self._unwritten_last
         count = last - self.durable
         try:
-            await trio.to_thread.run_sync(self.log.journal.append, data, count)
+            await self._blocking(self.log.journal.append, data, count)
         except OSError as exc:
             self.counters["write_failures"] += 1
             log.error("state write failed; retrying", error=str(exc), records=count)
@@ -189,7 +195,7 @@ class StateStore:
         written = [r for r, _, _ in self.uncommitted if r.lsn <= self.durable]
         payloads = snapshot_payloads(self.tables, written)
         try:
-            await trio.to_thread.run_sync(self.log.journal.rewrite, payloads)
+            await self._blocking(self.log.journal.rewrite, payloads)
         except CompactionError as exc:
             self.counters["compaction_failures"] += 1
             log.error("state compaction failed", step=exc.step, replaced=exc.replaced,
@@ -308,7 +314,7 @@ class StateStore:
         are rebuilt from what the file holds up to it (nothing, if ``lsn`` is before
         its snapshot: the leader then sends one)."""
         await self._settled()
-        tables = await trio.to_thread.run_sync(self.log.tables_upto, lsn)
+        tables = await self._blocking(self.log.tables_upto, lsn)
         await self._replace(tables)
         log.warning("cut the log's divergent tail", after=lsn, kept=tables.lsn)
 
@@ -326,7 +332,7 @@ class StateStore:
             await self._committed.wait()
 
     async def _replace(self, tables: Tables) -> None:
-        await trio.to_thread.run_sync(self.log.journal.rewrite, snapshot_payloads(tables, []))
+        await self._blocking(self.log.journal.rewrite, snapshot_payloads(tables, []))
         self.tables, self.tail = tables, []
         self.base, self.base_epoch = tables.lsn, tables.epoch
         self.durable, self.next_lsn = tables.lsn, tables.lsn + 1
