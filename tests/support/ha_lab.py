@@ -35,8 +35,11 @@ class HaNode(DhcpNode):
 
 
 class Rack:
-    def __init__(self, lab: Lab, tmp_path: Path, *, client_addr: bool = False) -> None:
-        """``client_addr``: the client host gets an address (a relay-style probe needs one)."""
+    def __init__(self, lab: Lab, tmp_path: Path, *, client_addr: bool = False,
+                 dhcp: str = "") -> None:  # fmt: skip
+        """``client_addr``: the client host gets an address (a relay-style probe needs one);
+        ``dhcp``: more ``[dhcp]`` settings, e.g. ``lease_time = 60``."""
+        self.dhcp = dhcp
         self.lab = lab
         self.hosts = {n: lab.add_host(n) for n in ("a", "b", "w")}
         self.client = lab.add_host("c", bare=not client_addr)
@@ -66,7 +69,7 @@ class Rack:
         return HaNode(
             host,
             tmp_path / name,
-            f"""
+            self.dhcp + f"""
             [[dhcp.subnets]]
             network = "{net}"
             pools = ["{net.network_address + 100}-{net.network_address + 150}"]
