@@ -11,6 +11,12 @@ renewal a client leaves with probability P (it stops, its lease runs out) and
 a new client with a new MAC takes its place, so addresses are reused.
 Retransmissions every 0.5 s.
 
+Like a real client, each one puts its bound address on the interface (``ip addr
+add ADDRESS/32``: a renewal's ACK is unicast to it) and takes it off when it
+leaves or is NAKed; DISCOVERs and REQUESTs before binding carry the broadcast
+flag (the interface does not have the offered address yet). Needs root in
+its namespace.
+
 Every answer is printed the moment it arrives, for a checker
 (tests/support/dhcp_checker.py): ``ack T MAC ADDRESS LEASE SERVER`` and
 ``nak T MAC ADDRESS SERVER``, where T is the wall-clock time the client sent
@@ -24,11 +30,12 @@ import argparse
 import random
 import select
 import socket
+import subprocess
 import time
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 
-from plugins.dhcp.codec import Message, build, parse_untrusted
+from plugins.dhcp.codec import BROADCAST_FLAG, Message, build, parse_untrusted
 from plugins.dhcp.options import MessageType, Opt, encode_ip
 from tests.support.dhcp_load import open_socket, stdin_closed
 
@@ -50,8 +57,9 @@ class Client:
 
 
 class Churn:
-    def __init__(self, sock: socket.socket, clients: int, leave: float, rng: random.Random):
-        self.sock, self.leave, self.rng = sock, leave, rng
+    def __init__(self, sock: socket.socket, ifname: str, clients: int, leave: float,
+                 rng: random.Random) -> None:  # fmt: skip
+        self.sock, self.ifname, self.leave, self.rng = sock, ifname, leave, rng
         self.serial = 0
         self.clients: dict[int, Client] = {}
         for _ in range(clients):
@@ -68,7 +76,8 @@ class Churn:
         opts.update({Opt[n.upper()]: v for n, v in options.items()})
         ciaddr = client.address if client.state in ("renewing", "rebinding") else None
         msg = Message(xid=client.xid, chaddr=client.mac.ljust(16, b"\0"), options=opts,
-                      ciaddr=ciaddr or IPv4Address(0))  # fmt: skip
+                      ciaddr=ciaddr or IPv4Address(0),
+                      flags=0 if ciaddr else BROADCAST_FLAG)  # fmt: skip
         client.request = build(msg)
         client.sent_at = time.time()
         client.next_send = time.monotonic() + RETRANSMIT
@@ -118,15 +127,25 @@ class Churn:
             print(f"ack {client.sent_at:.6f} {client.mac.hex(':')} {msg.yiaddr} {lease} "
                   f"{IPv4Address(server) if len(server) == 4 else '-'}", flush=True)  # fmt: skip
             renewed = client.state != "selecting"
+            if client.address != msg.yiaddr:
+                self._address("del", client.address)
+                self._address("replace", msg.yiaddr)
             client.state, client.address, client.lease = "bound", msg.yiaddr, float(lease)
             client.server, client.bound_at = server or client.server, client.sent_at
             if renewed and self.rng.random() < self.leave:
                 del self.clients[client.xid]  # it leaves: its lease runs out
+                self._address("del", client.address)
                 self._arrive()
         elif kind is MessageType.NAK and client.state != "bound":
             print(f"nak {client.sent_at:.6f} {client.mac.hex(':')} {client.address or '-'} "
                   f"{IPv4Address(server) if len(server) == 4 else '-'}", flush=True)  # fmt: skip
+            self._address("del", client.address)
             client.state, client.address, client.next_send = "init", None, 0.0
+
+    def _address(self, how: str, address: IPv4Address | None) -> None:
+        if address is not None:
+            subprocess.run(["ip", "-4", "addr", how, f"{address}/32", "dev", self.ifname],
+                           capture_output=True, timeout=5)  # fmt: skip
 
     def run(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -153,9 +172,9 @@ def main() -> None:
     parser.add_argument("--leave", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    Churn(open_socket(args.ifname), args.clients, args.leave, random.Random(args.seed)).run(
-        args.seconds
-    )
+    churn = Churn(open_socket(args.ifname), args.ifname, args.clients, args.leave,
+                  random.Random(args.seed))  # fmt: skip
+    churn.run(args.seconds)
 
 if __name__ == "__main__":
     main()
