@@ -178,7 +178,7 @@ class Replication:
 
     async def _inbound(self, tcp: trio.SocketStream) -> None:
         stream = trio.SSLStream(tcp, server_context(self.identity), server_side=True)
-        peer = "?"
+        peer, scope, leader = "?", trio.CancelScope(), None
         try:
             peer, key = await self._authenticate(stream)
             link = Link(stream, self.identity, key, peer)
@@ -186,16 +186,22 @@ class Replication:
             if not fence.ok():
                 await link.send(["not-leader"])
                 return
-            with trio.CancelScope() as scope:
-                self._links[peer] = scope
-                await self._lead(link, LeaderStream(self.store, fence.epoch))
+            leader = LeaderStream(self.store, fence.epoch)
+            previous = self._links.get(peer)
+            if previous is not None:
+                previous.cancel()  # a standby's newest link wins: it redialled for a reason
+            self._links[peer] = scope
+            with scope:
+                await self._lead(link, leader)
         except* Refused as group:
             self._refused_all(group, peer)
         except* LINK_ERRORS as group:
             self._ended(group, peer)
         finally:
-            self.followers.pop(peer, None)
-            self._links.pop(peer, None)
+            if self._links.get(peer) is scope:
+                del self._links[peer]
+            if leader is not None and self.followers.get(peer) is leader:
+                del self.followers[peer]
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
 
