@@ -77,17 +77,26 @@ def httpboot_boot_script(machine: Machine, default: str) -> str | None:
 
 @hookspec
 def httpboot_machine_event(event: Event) -> None:
-    """An installer's event is recorded and durable.
+    """An installer's event is recorded: its record is committed in the rack's state log.
 
     :param event: The :class:`plugins.httpboot.events.Event`: ``mac``,
         ``seq`` (per machine, rising), wall-clock ``time``, ``stage``,
         ``status`` (``started``, ``progress``, ``ok``, ``failed``),
         ``message`` and the ``client`` address that posted it.
 
-    Called on the active node, in its trio thread, after the event is on
-    disk and before the installer gets its answer, only while the node still
-    holds the rack's lease: an event made durable after the lease was lost is
-    not announced (the installer retries at the new active). Start slow reactions
-    (power control, inventory updates) in a service of your own; an
-    exception is logged and ignored.
+    Called once per committed event, on the node that recorded it (the active
+    one), in its trio thread, after the commit (durable there and acknowledged
+    by the standbys) and before the installer gets its 201. An event whose
+    record did not commit under this node's lease (the lease was lost first) is
+    not announced anywhere: the installer gets 503 and its retry is a new event
+    at the new active. One that commits after the installer was told 503 (not
+    committed within 10 s) is announced when it commits. The new active does
+    not announce what the old one recorded, so a node that dies between the
+    commit and this call leaves an event unannounced: at most once per event,
+    rack-wide. A plugin that must see every event on every node (a standby's
+    cache) follows the state instead: ``node.state.subscribe("httpboot.events",
+    position)`` and :func:`plugins.httpboot.events.from_entry_untrusted` (see
+    docs/httpboot.md, "Storage"). Start slow reactions (power control,
+    inventory updates) in a service of your own; an exception is logged and
+    ignored.
     """
