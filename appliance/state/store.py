@@ -24,7 +24,7 @@ plus the records not yet committed, atomically.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -351,7 +351,9 @@ class StateStore:
     def position(self) -> Position:
         return Position(self.tables.epoch, self.tables.lsn)
 
-    async def subscribe(self, ns: str, after: Position = Position()) -> AsyncIterator[Change | Reset]:
+    async def subscribe(
+        self, ns: str, after: Position = Position()
+    ) -> AsyncGenerator[Change | Reset, None]:
         """Every committed change of ``ns`` after ``after``, in order, for as long as the
         caller iterates; a :class:`Reset` first when the changes after ``after`` cannot be
         told (compacted away, or ``after`` is not a position of this log's history)."""
