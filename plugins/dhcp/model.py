@@ -91,7 +91,10 @@ class ServerConfig:
     decline_quarantine: int = 3600
     authoritative: bool = True
     server_address: IPv4Address | None = None  # server identifier override
-    boot_server: IPv4Address | None = None  # siaddr / option 66 (later the rack's VIP)
+    boot_server: IPv4Address | None = None  # siaddr / option 66 (default: the server id)
+    # The rack's virtual IP ([ha] vip, without prefix): the server identifier, the boot
+    # server's default and where the active's replies leave from.
+    vip: IPv4Address | None = None
     boot: BootFiles = field(default_factory=BootFiles)
     server_port: int = 67
     client_port: int = 68

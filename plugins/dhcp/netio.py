@@ -52,6 +52,13 @@ def arrival_address(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int] | 
     return None
 
 
+def source_cmsg(source: int) -> tuple[int, int, bytes]:
+    """The ``IP_PKTINFO`` ancillary item of a ``sendmsg`` that leaves from ``source`` (the
+    rack's VIP): the kernel takes ``ipi_spec_dst`` as the source address. It must be an
+    address of this host, else the send fails (EINVAL); the interface stays the socket's."""
+    return socket.IPPROTO_IP, IP_PKTINFO, _PKTINFO.pack(0, source.to_bytes(4, "big"), bytes(4))
+
+
 def interface_address(interface: str) -> int:
     """The interface's primary IPv4 address (0 if it has none), via SIOCGIFADDR."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from ipaddress import IPv4Address
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,7 @@ from appliance.logs import get_logger
 from . import hookspecs
 from .boot import BootChoice, BootRequest
 from .codec import Message
-from .leases import Lease, LeaseState
+from .leases import Lease, LeaseState, LeaseView
 from .metrics import DhcpMetrics
 from .model import Reservation, ServerConfig
 from .schema import SECTION, server_config
@@ -58,12 +59,25 @@ class DhcpPlugin:
                 reason="disabled" if not settings.enabled else "no interfaces configured",
             )
             return []
-        server = DhcpServer(self.server_config, policy=_HookPolicy(self.pm))
+        ha = getattr(node, "ha", None)
+        rack = ha is not None and ha.elects  # an appliance of a rack: others write the log
+        config = self.server_config
+        assert config is not None
+        vip = IPv4Address(node.fence.vip) if rack and node.fence.vip else None
+        if vip is not None:
+            if config.server_address is not None and config.server_address != vip:
+                log.warning("dhcp.server_address is not the rack's VIP: the VIP is the server "
+                            "identifier", server_address=str(config.server_address),
+                            vip=str(vip))  # fmt: skip
+            config = dataclasses.replace(config, vip=vip)
+        assert self.pm is not None
+        server = DhcpServer(config, LeaseView(), policy=_HookPolicy(self.pm))
         # Dynamic answers only once the node is active: a standalone node becomes active
         # when every service is ready, an HA node when it holds the rack's lease.
         server.active = node.role is Role.ACTIVE
-        store = LeaseStore(node.plugin_dir("dhcp") / "leases.journal")
-        server.leases = store.table
+        store = LeaseStore(node.state, server.leases,
+                           legacy=node.plugin_dir("dhcp") / "leases.journal")  # fmt: skip
+        own = (int(config.server_address),) if config.server_address is not None else ()
         self.service = DhcpService(
             server,
             store,
@@ -72,13 +86,17 @@ class DhcpPlugin:
             events=self._lease_event,
             probe_timeout=settings.probe_timeout,
             fence=node.fence.ok,
+            replicated=rack,
+            name=node.config.node.name,
+            own_addresses=own,
+            rack_addresses=_peer_addresses(node.config["ha"].peers) if rack else (),
         )
         return [Service("server", self.service.run)]
 
     @hookimpl
     def rackboot_role_changed(self, node: Node, old: Role, new: Role) -> None:
         if self.service is not None:
-            self.service.server.active = new is Role.ACTIVE
+            self.service.set_active(new is Role.ACTIVE)
 
     @hookimpl
     def rackboot_status(self, node: Node) -> dict[str, Any]:
@@ -86,6 +104,9 @@ class DhcpPlugin:
             return {"serving": False}
         server = self.service.server
         pools = server.pool_usage(self.service.clock())
+        store = self.service.store
+        # "journal": the journal of an earlier release, while one was found at this start
+        journal = {"journal": store.legacy_report} if store.legacy_report else {}
         return {
             "serving": True,
             "answering_pools": server.active,
@@ -93,7 +114,9 @@ class DhcpPlugin:
             "port": server.config.server_port,
             "pools": {key: {"active": used, "size": size} for key, (used, size) in pools.items()},
             "messages": dict(self.service.metrics.totals),
-            "journal": self.service.store.committer.status(),
+            "store": store.status(),
+            "vip": str(server.config.vip) if server.config.vip is not None else None,
+            **journal,
         }
 
     @hookimpl
@@ -123,10 +146,24 @@ class DhcpPlugin:
         ]
 
     def _lease_event(self, lease: Lease) -> None:
+        assert self.pm is not None
         if lease.state is LeaseState.BOUND:
             self.pm.hook.dhcp_lease_committed(lease=lease)
         else:
             self.pm.hook.dhcp_lease_released(lease=lease)
+
+
+def _peer_addresses(peers: Any) -> tuple[int, ...]:
+    """The other appliances' addresses as ``[ha] peers`` names them (``ID@host:port``):
+    on a flat network, also the server identifiers their older configurations used."""
+    out = []
+    for member in peers:
+        host = str(member).partition("@")[2].rpartition(":")[0]
+        try:
+            out.append(int(IPv4Address(host)))
+        except ValueError:
+            continue
+    return tuple(out)
 
 
 class _HookPolicy(Policy):

@@ -9,6 +9,12 @@ Decisions worth knowing:
 
 * Offers are held in memory for ``offer_hold`` seconds, not persisted: a lost
   offer costs the client one retransmission, never a wrong address.
+* Leases are read through a :class:`~plugins.dhcp.leases.LeaseView`: the
+  committed table (fed by the state log's changefeed) with this server's own
+  decisions laid over it until their records commit. A decision that changes
+  a lease goes into that overlay at once and out in :attr:`Outcome.commits`;
+  the shell appends the records and tells the view when each committed (or
+  was abandoned because the rack's lease was lost first).
 * A returning client gets its previous address back while nobody else holds
   it; new clients get addresses never leased before, then the longest-free ones.
 * REQUEST in INIT-REBOOT, RENEWING or REBINDING for an address the server
@@ -17,14 +23,20 @@ Decisions worth knowing:
 * Relayed messages (``giaddr`` set) choose their subnet by RFC 3527 link
   selection (option 82 sub-option 5), else RFC 3011 option 118, else ``giaddr``;
   replies go to the relay's server port and option 82 is echoed unchanged.
-* A standby node answers reservations and INFORM only: dynamic pools belong
-  to the active node.
+* The server identifier is the rack's virtual IP when there is one
+  (``ServerConfig.vip``), and replies from the active leave from it
+  (:attr:`Reply.source`). A standby answers nothing dynamic and writes
+  nothing; it answers reservations and INFORM only when its answer is the
+  active's (the VIP as server identifier), else it stays silent.
+* A SELECTING REQUEST naming another appliance of this rack (:attr:`DhcpServer.aliases`:
+  an offer made before a failover, or under an older configuration) is the
+  rack's to answer: see :meth:`DhcpServer._request`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from ipaddress import IPv4Address
 from typing import NamedTuple
@@ -39,7 +51,7 @@ from .codec import (
     build,
     parse_untrusted,
 )
-from .leases import Lease, LeaseState, LeaseTable
+from .leases import Lease, LeaseState, LeaseTable, LeaseView
 from .model import Reservation, ServerConfig, Subnet
 from .options import (
     EncodeError,
@@ -60,11 +72,13 @@ PROBE_VALID = 60.0  # seconds a clean probe of an address is trusted
 # Fetched once: on Python 3.11 an enum attribute lookup (Opt.SERVER_ID) costs ~0.1 µs,
 # and the reply path makes dozens of them per packet.
 _OFFER, _ACK, _NAK = MessageType.OFFER, MessageType.ACK, MessageType.NAK
+_BOUND = LeaseState.BOUND
 _MESSAGE_TYPE, _SERVER_ID = int(Opt.MESSAGE_TYPE), int(Opt.SERVER_ID)
 _REQUESTED_IP, _CLIENT_ID = int(Opt.REQUESTED_IP), int(Opt.CLIENT_ID)
 _RELAY_AGENT_INFO, _USER_CLASS = int(Opt.RELAY_AGENT_INFO), int(Opt.USER_CLASS)
 _KIND_OPTION = {kind: bytes([kind]) for kind in MessageType}  # option 53 values
 _ZERO = IPv4Address(0)
+EXPIRE_BATCH = 4096  # expiry records one sweep writes at most (the rest: next sweep)
 
 
 class Arrival(NamedTuple):
@@ -88,13 +102,15 @@ class Reply:
     interface: str
     hwaddr: bytes | None = None  # deliver at L2 to this MAC: the client has no address yet
     kind: MessageType = MessageType.ACK
+    source: int = 0  # send from this address (the rack's VIP); 0: as the kernel chooses
 
 
 @dataclass(slots=True)
 class Outcome:
     received: MessageType | None = None
     replies: list[Reply] = field(default_factory=list)
-    commits: list[Lease] = field(default_factory=list)  # durable before the replies go out
+    # Records to commit before the replies go out; already in the server's view (pending).
+    commits: list[Lease] = field(default_factory=list)
     dropped: str | None = None  # why nothing was sent, for the drop counters
     probe: int | None = None  # probe this address, then call probe_result and handle again
 
@@ -120,12 +136,19 @@ class Policy:
 
 class DhcpServer:
     def __init__(
-        self, config: ServerConfig, leases: LeaseTable | None = None, policy: Policy | None = None
+        self,
+        config: ServerConfig,
+        leases: LeaseTable | LeaseView | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.config = config
-        self.leases = leases if leases is not None else LeaseTable()
+        self.leases = leases if isinstance(leases, LeaseView) else LeaseView(leases)
         self.policy = policy or Policy()
-        self.active = True  # False on a standby node: no dynamic answers
+        self.active = True  # False on a standby node: no dynamic answers, nothing written
+        self._vip = int(config.vip) if config.vip is not None else 0
+        # Server identifiers of this rack's appliances other than our own (their own
+        # addresses, named by offers made before a failover or under an older configuration).
+        self.aliases: set[int] = set()
         self._offers: dict[int, tuple[bytes, float]] = {}  # address -> (client, held until)
         self._offer_of: dict[bytes, int] = {}  # client -> offered address
         self._probed: dict[int, float] = {}  # address -> probed free, trusted until
@@ -170,18 +193,24 @@ class DhcpServer:
             address, b"", b"", subnet.key if subnet else "", LeaseState.DECLINED,
             now, now + self.config.decline_quarantine, "conflict",
         )  # fmt: skip
-        self.leases.apply(quarantine)
+        self.leases.add(quarantine)
         return quarantine
 
-    def sweep(self, now: float) -> list[Lease]:
-        """Expire leases and forget stale offers and probes; returns the expired leases."""
+    def sweep(self, now: float, limit: int = EXPIRE_BATCH) -> list[Lease]:
+        """Forget stale offers and probes; on the active, the records saying which bound
+        leases ended (at most ``limit``, pending like any decision, to be committed)."""
         for address, (client, until) in list(self._offers.items()):
             if until <= now:
                 self._drop_offer(address, client)
         for address, until in list(self._probed.items()):
             if until <= now:
                 del self._probed[address]
-        return self.leases.expire(now)
+        if not self.active:
+            return []  # a standby writes nothing: an ended lease is free all the same
+        expired = self.leases.expired(now, limit)
+        for lease in expired:
+            self.leases.add(lease)
+        return expired
 
     def pool_usage(self, now: float) -> dict[str, tuple[int, int]]:
         """Per subnet: (addresses in use, pool size). O(leases); for metrics scrapes."""
@@ -197,15 +226,18 @@ class DhcpServer:
         client = _client_key(msg)
         reservation = self._reservation(msg, client, subnet)
         if reservation is not None:
+            if not self.active and not self._vip:
+                return Outcome(dropped="standby")  # our answer would not be the active's
             address = reservation.address
             if not self.leases.is_free_for(address, client, now):
                 return Outcome(dropped="reserved-address-taken")
         elif not self.active:
             return Outcome(dropped="standby")
         else:
-            address = self._allocate(msg, client, subnet, now)
-            if address is None:
+            allocated = self._allocate(msg, client, subnet, now)
+            if allocated is None:
                 return Outcome(dropped="pool-exhausted")
+            address = allocated
         self._offers[address] = (client, now + self.config.offer_hold)
         self._offer_of[client] = address
         if reservation is None and self.config.probe and self._needs_probe(address, client, now):
@@ -218,10 +250,33 @@ class DhcpServer:
         server_id = _option_ip(msg, _SERVER_ID)
         requested = _option_ip(msg, _REQUESTED_IP)
         ciaddr = int(msg.ciaddr)
+        named = 0  # the server identifier to answer with, when not our own
         if server_id is not None:  # SELECTING: the client answers someone's offer
             if server_id != self._server_id(arrival):
-                self._forget_offer_of(client)
-                return Outcome(dropped="chose-another-server")
+                if server_id not in self.aliases:
+                    self._forget_offer_of(client)
+                    return Outcome(dropped="chose-another-server")
+                # The client selected an offer of another appliance of this rack, made
+                # before a failover (or under an older configuration naming it): the rack
+                # is the selected server, and it answers rather than leave the client to
+                # time out. RFC 2131 §4.3.2 (and §3.1 step 4): the selected server commits
+                # the binding and ACKs, or, "unable to satisfy the DHCPREQUEST", SHOULD
+                # NAK. This node knows no offer of another node, only committed leases:
+                # it ACKs when the client's lease of that address is in the table (the
+                # binding was committed; the client missed the ACK), and NAKs otherwise,
+                # so the client starts over at once and gets an offer naming the rack's
+                # server identifier. Both carry the identifier the client named: clients
+                # take an answer only from the server they selected (iPXE drops an ACK,
+                # busybox udhcpc a NAK, with another one). A standby answers nothing.
+                if not self.active:
+                    return Outcome(dropped="standby")
+                named = server_id
+                held = self.leases.get(requested) if requested is not None else None
+                if not (held is not None and held.client == client and held.state is _BOUND):
+                    self._forget_offer_of(client)
+                    return self._refuse(
+                        msg, arrival, "offered-by-another-appliance", always=True, server_id=named
+                    )
             if requested is None:
                 return Outcome(dropped="selecting-without-address")
             address = requested
@@ -233,36 +288,51 @@ class DhcpServer:
             return Outcome(dropped="request-without-address")
 
         reservation = self._reservation(msg, client, subnet)
-        if reservation is None and not self.active:
-            return Outcome(dropped="standby")
+        if not self.active and (reservation is None or not self._vip):
+            return Outcome(dropped="standby")  # dynamic, or our answer would not be the active's
         if not subnet.contains(address):
-            return self._refuse(msg, arrival, "wrong-network", always=True)
+            return self._refuse(msg, arrival, "wrong-network", always=True, server_id=named)
         if reservation is not None and reservation.address != address:
-            return self._refuse(msg, arrival, "not-the-reserved-address", always=True)
+            return self._refuse(
+                msg, arrival, "not-the-reserved-address", always=True, server_id=named
+            )
         if not self.leases.is_free_for(address, client, now) or self._offered_to_other(
             address, client, now
         ):
-            return self._refuse(msg, arrival, "address-taken", always=True)
+            return self._refuse(msg, arrival, "address-taken", always=True, server_id=named)
         if reservation is None:
             lease = self.leases.get(address)
             ours = lease is not None and lease.client == client
             if not (ours or subnet.in_pool(address)) or address in self._reserved:
-                return self._refuse(msg, arrival, "not-ours", always=False)
+                return self._refuse(msg, arrival, "not-ours", always=False, server_id=named)
         lease_time = subnet.lease_time or self.config.lease_time
         lease = Lease(
             address, client, msg.chaddr[: msg.hlen], subnet.key, LeaseState.BOUND,
             now, now + lease_time, _hostname(msg, reservation),
         )  # fmt: skip
-        self.leases.apply(lease)
         self._forget_offer_of(client)
-        reply = self._reply(msg, arrival, subnet, _ACK, address, reservation, now, lease)
-        return Outcome(replies=[reply], commits=[lease])
+        reply = self._reply(msg, arrival, subnet, _ACK, address, reservation, now, lease, named)
+        if not self.active:
+            # A standby's answer for a reservation: the active's own, and nothing written
+            # (the active, if it is up, commits the same lease).
+            return Outcome(replies=[reply])
+        commits = [lease]
+        previous = self.leases.of_client(client)
+        if previous is not None and previous.address != address and previous.state is _BOUND:
+            # A client holds one address: moving it releases the other, said by a record
+            # of its own (a table rebuilt from the state's snapshot derives nothing).
+            commits.insert(0, replace(previous, state=LeaseState.RELEASED))
+        for record in commits:
+            self.leases.add(record)
+        return Outcome(replies=[reply], commits=commits)
 
     def _decline(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
         client = _client_key(msg)
         requested = msg.requested_ip
-        if requested is None or (msg.server_id and int(msg.server_id) != self._server_id(arrival)):
+        if requested is None or (msg.server_id and not self._names_us(int(msg.server_id), arrival)):
             return Outcome(dropped="not-for-us")
+        if not self.active:
+            return Outcome(dropped="standby")
         lease = self.leases.get(int(requested))
         if lease is None or lease.client != client:
             return Outcome(dropped="decline-of-unknown-lease")
@@ -270,10 +340,12 @@ class DhcpServer:
             lease.address, client, lease.hwaddr, lease.subnet, LeaseState.DECLINED,
             now, now + self.config.decline_quarantine, lease.hostname,
         )  # fmt: skip
-        self.leases.apply(quarantine)
+        self.leases.add(quarantine)
         return Outcome(commits=[quarantine])
 
     def _release(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
+        if not self.active:
+            return Outcome(dropped="standby")
         client = _client_key(msg)
         lease = self.leases.get(int(msg.ciaddr))
         if lease is None or lease.client != client or lease.state is not LeaseState.BOUND:
@@ -282,12 +354,14 @@ class DhcpServer:
             lease.address, client, lease.hwaddr, lease.subnet, LeaseState.RELEASED,
             lease.starts, now, lease.hostname,
         )  # fmt: skip
-        self.leases.apply(released)
+        self.leases.add(released)
         return Outcome(commits=[released])
 
     def _inform(self, msg: Message, arrival: Arrival, subnet: Subnet, now: float) -> Outcome:
         if not int(msg.ciaddr):
             return Outcome(dropped="inform-without-ciaddr")
+        if not self.active and not self._vip:
+            return Outcome(dropped="standby")  # our answer would not be the active's
         reservation = self._reservation(msg, _client_key(msg), subnet)
         return Outcome(
             replies=[self._reply(msg, arrival, subnet, MessageType.ACK, 0, reservation, now)]
@@ -369,22 +443,34 @@ class DhcpServer:
             del self._offer_of[client]
 
     def _server_id(self, arrival: Arrival) -> int:
+        """Option 54: the rack's VIP, else ``server_address``, else the arrival address."""
+        if self._vip:
+            return self._vip
         configured = self.config.server_address
         return int(configured) if configured is not None else arrival.local
 
+    def _names_us(self, server_id: int, arrival: Arrival) -> bool:
+        return server_id == self._server_id(arrival) or server_id in self.aliases
+
+    def _source(self) -> int:
+        """Where replies leave from: the VIP while this node holds it (the active)."""
+        return self._vip if self.active else 0
+
     # -- replying ---------------------------------------------------------------
 
-    def _refuse(self, msg: Message, arrival: Arrival, reason: str, *, always: bool) -> Outcome:
+    def _refuse(
+        self, msg: Message, arrival: Arrival, reason: str, *, always: bool, server_id: int = 0
+    ) -> Outcome:
         """NAK a REQUEST we cannot grant: always in SELECTING (the client chose
         us) or when it is on the wrong network; otherwise only if authoritative."""
         if always or msg.server_id is not None or self.config.authoritative:
-            return Outcome(replies=[self._nak(msg, arrival, reason)])
+            return Outcome(replies=[self._nak(msg, arrival, reason, server_id)])
         return Outcome(dropped=reason)
 
-    def _nak(self, msg: Message, arrival: Arrival, reason: str) -> Reply:
-        options = {
+    def _nak(self, msg: Message, arrival: Arrival, reason: str, server_id: int = 0) -> Reply:
+        options: dict[int, bytes] = {
             Opt.MESSAGE_TYPE: bytes([MessageType.NAK]),
-            Opt.SERVER_ID: encode_u32(self._server_id(arrival)),
+            Opt.SERVER_ID: encode_u32(server_id or self._server_id(arrival)),
             Opt.MESSAGE: encode_str(reason),
         }
         if msg.relay_agent_info is not None:
@@ -396,7 +482,9 @@ class DhcpServer:
         )  # fmt: skip
         payload = build(reply, max_size=msg.max_message_size or 576)
         address, port, hwaddr = self._destination(msg, arrival, 0, nak=True)
-        return Reply(payload, address, port, arrival.interface, hwaddr, MessageType.NAK)
+        return Reply(
+            payload, address, port, arrival.interface, hwaddr, MessageType.NAK, self._source()
+        )
 
     def _reply(
         self,
@@ -408,11 +496,14 @@ class DhcpServer:
         reservation: Reservation | None,
         now: float,
         lease: Lease | None = None,
+        named: int = 0,
     ) -> Reply:
+        """``named``: answer with this server identifier (one of the rack's, the client's
+        choice) rather than our own; the boot server stays ours."""
         server_id = self._server_id(arrival)
         options: dict[int, bytes] = {
             _MESSAGE_TYPE: _KIND_OPTION[kind],
-            _SERVER_ID: encode_u32(server_id),
+            _SERVER_ID: encode_u32(named or server_id),
         }
         if address:  # an OFFER or the ACK of a lease (not an INFORM): 51, 58, 59
             options.update(self._lease_options[subnet.key])
@@ -444,7 +535,7 @@ class DhcpServer:
             reply.options = {k: v for k, v in options.items() if k < 224}
             payload = build(reply, max_size=1500)
         destination, port, hwaddr = self._destination(msg, arrival, address, nak=False)
-        return Reply(payload, destination, port, arrival.interface, hwaddr, kind)
+        return Reply(payload, destination, port, arrival.interface, hwaddr, kind, self._source())
 
     def _boot(
         self,

@@ -1,11 +1,20 @@
-"""The trio shell of the DHCP server: sockets in, the sans-IO server, the journal, sockets out.
+"""The trio shell of the DHCP server: sockets in, the sans-IO server, the state log, sockets out.
 
 Per datagram: read it with its arrival address (``IP_PKTINFO``), hand it to
 :class:`~plugins.dhcp.server.DhcpServer`, then either send the replies at once
 or, when the outcome changes leases, only after the lease store says the
-records are durable (an ACK is never sent for a lease a crash could lose).
-Bursts are drained without yielding per packet; the group commit batches
-their fsyncs.
+records **committed** (durable here and acknowledged by the standby: an ACK
+is never sent for a lease a crash or a failover could lose). Bursts are
+drained without yielding per packet; the state log's group commit batches
+their fsyncs and the replication round trips. Replies of the active leave
+from the rack's VIP when there is one (``IP_PKTINFO`` on ``sendmsg``).
+
+Roles: the server answers its pools only while the node is active. On an
+appliance of a rack, becoming active waits until the lease table has taken in
+every record committed before (the changefeed runs first), then this node
+announces its server identifiers and imports the journal of an earlier release
+if it has one; losing the role stops dynamic answers at once (and the fence
+stops every ACK already decided).
 
 Conflict probes (``probe = "icmp"``) run one per address at a time: a DISCOVER
 that arrives while its address is being probed takes the place of the one
@@ -17,6 +26,7 @@ number of sockets, and no address is offered unprobed for lack of one.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
 from collections.abc import Callable
@@ -25,7 +35,7 @@ import trio
 
 from appliance.logs import get_logger
 
-from .leases import Lease
+from .leases import Lease, address_text
 from .metrics import DhcpMetrics
 from .netio import (
     CMSG_SPACE,
@@ -34,9 +44,10 @@ from .netio import (
     interface_address,
     open_server_socket,
     set_arp_entry,
+    source_cmsg,
 )
 from .server import Arrival, DhcpServer, Outcome, Reply
-from .store import LeaseStore
+from .store import LeaseStore, NotWriter
 
 log = get_logger("dhcp")
 
@@ -58,6 +69,10 @@ class DhcpService:
         probe_timeout: float = 0.5,
         clock: Callable[[], float] = time.time,
         fence: Callable[[], bool] = lambda: True,
+        replicated: bool = False,
+        name: str = "",
+        own_addresses: tuple[int, ...] = (),
+        rack_addresses: tuple[int, ...] = (),
     ) -> None:
         self.server = server
         self.store = store
@@ -67,6 +82,14 @@ class DhcpService:
         self.probe_timeout = probe_timeout
         self.clock = clock  # wall time: leases outlive the process
         self.fence = fence  # node.fence.ok: does this node still hold the rack's lease?
+        self.replicated = replicated  # an appliance of a rack: others write the log too
+        self.name = name  # this node's name, under which it announces its server identifiers
+        self.own_addresses = own_addresses  # configured ones; the interfaces' are added at start
+        self.rack_addresses = rack_addresses  # the other appliances' as configured ([ha] peers)
+        self._want_active = server.active
+        self._role_changed = trio.Event()
+        self._import: tuple[trio.Event, trio.Event] | None = None  # (done, imported)
+        self._cmsgs: dict[int, list[tuple[int, int, bytes]]] = {}  # source -> IP_PKTINFO
         self.sockets: dict[str, socket.socket] = {}
         self._nursery: trio.Nursery | None = None
         self._probing: dict[int, tuple[bytes, Arrival]] = {}  # address -> newest DISCOVER
@@ -74,16 +97,23 @@ class DhcpService:
         self._arp_refused = False  # the last ARP entry failed (logged once per episode)
 
     async def run(self, node=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await trio.to_thread.run_sync(self.store.load)
+        await trio.to_thread.run_sync(self.store.load_legacy)
         try:
             for interface in self.interfaces:
                 self.sockets[interface] = open_server_socket(
                     interface, self.server.config.server_port
                 )
+            addresses = {a for a in map(interface_address, self.interfaces) if a}
+            self.own_addresses = tuple(sorted(addresses | set(self.own_addresses)))
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await nursery.start(self.store.run)
+                await nursery.start(self.store.follow)
+                nursery.start_soon(self.store.follow_servers, self._servers_changed)
                 nursery.start_soon(self._sweep)
+                nursery.start_soon(self._roles)
+                if self._want_active:
+                    self.server.active = False
+                    self.set_active(True)
                 for interface, sock in self.sockets.items():
                     nursery.start_soon(self._receive, interface, sock)
                 log.info(
@@ -129,25 +159,34 @@ class DhcpService:
         if outcome.probe is not None:
             self._start_probe(data, arrival, outcome.probe)
         elif outcome.commits:
-            commits, replies, fenced = outcome.commits, outcome.replies, self.server.active
-            if fenced and not self.fence():
-                # decided while active, but the lease is gone: nothing is journaled
-                self.metrics.count(Outcome(dropped="fenced"), received=False)
-                return
-            self.store.commit(commits, lambda: self._durable(commits, replies, fenced))
+            # Decided while active (a standby decides no commits). The state log asks the
+            # fence at the append: once the lease is gone, nothing is written.
+            commits, replies = outcome.commits, outcome.replies
+            self._commit(commits, lambda: self._durable(commits, replies))
         else:
             self._send(outcome.replies, self.server.active)
 
-    def _durable(self, commits: list[Lease], replies: list[Reply], fenced: bool) -> None:
-        if not self._send(replies, fenced):
-            # The fence closed during the group commit: the record is on disk but no ACK
-            # went out, so no lease is announced; the client retries at the new active.
+    def _commit(self, commits: list[Lease], on_durable: Callable[[], object] | None = None) -> None:
+        try:
+            self.store.commit(commits, on_durable, self._fenced if on_durable else None)
+        except NotWriter:
+            self._fenced()
+
+    def _fenced(self) -> None:
+        """A decision of the active that will not be answered: the rack's lease is gone
+        (before its record was appended, or before it committed)."""
+        self.metrics.count(Outcome(dropped="fenced"), received=False)
+
+    def _durable(self, commits: list[Lease], replies: list[Reply]) -> None:
+        if not self._send(replies, True):
+            # The fence closed after the commit: no ACK went out, so no lease is
+            # announced; the client retries at the new active, which has the record.
             return
-        for lease in commits:
-            try:
-                self.events(lease)
-            except Exception as exc:  # a listener's bug must not stop the server
-                log.error("lease event hook failed", error=f"{type(exc).__name__}: {exc}")
+        # The decision's own lease (a move's release before it is no event of its own).
+        try:
+            self.events(commits[-1])
+        except Exception as exc:  # a listener's bug must not stop the server
+            log.error("lease event hook failed", error=f"{type(exc).__name__}: {exc}")
 
     def _send(self, replies: list[Reply], fenced: bool = False) -> bool:
         """``fenced``: decided while active, so sent only while the lease still holds.
@@ -163,7 +202,13 @@ class DhcpService:
             ):
                 address = "255.255.255.255"
             try:
-                sock.sendto(reply.payload, (address, reply.port))
+                if reply.source:
+                    cmsg = self._cmsgs.get(reply.source)
+                    if cmsg is None:
+                        cmsg = self._cmsgs[reply.source] = [source_cmsg(reply.source)]
+                    sock.sendmsg([reply.payload], cmsg, 0, (address, reply.port))
+                else:
+                    sock.sendto(reply.payload, (address, reply.port))
             except OSError as exc:  # full buffer, unreachable relay: the client retries
                 self.metrics.send_failed(exc)
                 continue
@@ -201,6 +246,7 @@ class DhcpService:
             self.metrics.count(Outcome(dropped="probe-busy"), received=False)
         else:
             self._probing[address] = (data, arrival)
+            assert self._nursery is not None  # probes start only while serving
             self._nursery.start_soon(self._probe_then_handle, address)
 
     async def _probe_then_handle(self, address: int) -> None:
@@ -217,7 +263,7 @@ class DhcpService:
         quarantine = self.server.probe_result(address, in_use, now)
         if quarantine is not None:
             log.warning("address in use by an unknown host: quarantined", address=text)
-            self.store.commit([quarantine])
+            self._commit([quarantine])
         outcome = self.server.handle(data, arrival, now)
         if outcome.probe is None:  # a second probe waits for the client's retransmission
             self._dispatch(data, arrival, outcome, again=True)
@@ -225,4 +271,74 @@ class DhcpService:
     async def _sweep(self) -> None:
         while True:
             await trio.sleep(SWEEP_INTERVAL)
-            self.server.sweep(self.clock())
+            expired = self.server.sweep(self.clock())  # only while active: else nothing
+            if expired:
+                self._commit(expired)
+
+    # -- roles ------------------------------------------------------------------------------
+
+    def set_active(self, active: bool) -> None:
+        """The node's role changed (``rackboot_role_changed``). Losing it stops dynamic
+        answers at once. Taking it: a node alone starts at once (nobody else writes its
+        log, and the table was loaded before it served); an appliance of a rack in
+        :meth:`_roles`, once the lease table took in what was committed before."""
+        self._want_active = active
+        if not active:
+            self.server.active = False
+        elif not self.replicated and not self.server.active:
+            self._activate()
+        self._role_changed.set()
+
+    def _activate(self) -> None:
+        """Announce this node's server identifiers and start importing an old journal (its
+        leases pending in the view before the first dynamic answer), then answer."""
+        try:
+            if self.replicated and self.name:
+                self.store.announce(self.name, [address_text(a) for a in self.own_addresses])
+            if self.store.legacy is not None and self._import is None:
+                done, imported = trio.Event(), trio.Event()
+
+                def durable() -> None:
+                    imported.set()
+                    done.set()
+
+                if self.store.import_legacy(durable, done.set):
+                    self._import = (done, imported)
+        except NotWriter:
+            pass  # the lease went already: taken up at the next activation
+        self.server.active = True
+
+    async def _roles(self) -> None:
+        while True:
+            await self._role_changed.wait()
+            self._role_changed = trio.Event()
+            if self._want_active and not self.server.active:
+                # Records the old active wrote commit here before this node is elected, and
+                # each commit wakes the changefeed; trio runs every task made runnable before
+                # this one yields ahead of its return, so after these checkpoints the table
+                # holds every record committed before the role changed.
+                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint()
+                if not self._want_active or self.server.active:
+                    continue
+                self._activate()
+                log.info("dhcp answering the pools", leases=len(self.server.leases.table),
+                         lsn=self.server.leases.table.lsn)  # fmt: skip
+            if self._import is not None:
+                done, imported = self._import
+                await done.wait()
+                self._import = None
+                if imported.is_set():
+                    await self.store.retire_legacy()
+
+    def _servers_changed(self, servers: dict) -> None:
+        """The rack's appliances' identifiers, as announced, plus this node's own."""
+        aliases = set(self.own_addresses)
+        for addresses in servers.values():
+            if isinstance(addresses, list):
+                for text in addresses:
+                    try:
+                        aliases.add(int(ipaddress.IPv4Address(text)))
+                    except ValueError:
+                        continue
+        self.server.aliases = aliases | set(self.rack_addresses)

@@ -1,5 +1,6 @@
-"""The DHCP plugin in a node, over real loopback sockets: durability before ACK,
-drops counted, hooks called, leases surviving a restart."""
+"""The DHCP plugin in a node, over real loopback sockets: an ACK only once its lease's
+record committed in the state log, drops counted, hooks called, leases surviving a
+restart, the journal of an earlier release imported."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ import pytest
 import trio
 
 from appliance.api import hookimpl
-from appliance.journal import JournalFile
+from appliance.journal import frame
 from appliance.node import Node
+from appliance.state.log import StateLog
 from plugins.dhcp.codec import parse_untrusted
-from plugins.dhcp.leases import LeaseState, decode_lease_untrusted
+from plugins.dhcp.leases import (
+    NAMESPACE,
+    Lease,
+    LeaseState,
+    encode_lease,
+    lease_from_state_untrusted,
+)
 from plugins.dhcp.model import Reservation
 from plugins.dhcp.options import MessageType, Opt
 from plugins.dhcp.plugin import DhcpPlugin
@@ -86,12 +94,14 @@ async def run_node(nursery, tmp_path, document, **plugins) -> Node:
     return node
 
 
-def journal_leases(tmp_path):
-    journal = JournalFile(tmp_path / "data" / "dhcp" / "leases.journal")
+def state_leases(tmp_path) -> list[Lease]:
+    """The leases in the node's state log on disk, as a restart would read them."""
+    log = StateLog(tmp_path / "data" / "state" / "log")
     try:
-        return [decode_lease_untrusted(p) for p in journal.open()]
+        tables = log.open().tables
     finally:
-        journal.close()
+        log.close()
+    return [lease_from_state_untrusted(k, v) for k, v in tables.scan(NAMESPACE)]
 
 
 async def test_ack_only_after_the_lease_is_on_disk_and_leases_survive_a_restart(tmp_path):
@@ -102,8 +112,8 @@ async def test_ack_only_after_the_lease_is_on_disk_and_leases_survive_a_restart(
             offer, ack = await client.dora(mac(1))
             assert ack.message_type is MessageType.ACK and ack.yiaddr == offer.yiaddr
             assert ack.options[Opt.DNS_SERVERS] == IPv4Address("127.0.0.53").packed
-            # The ACK came back, so its record is already durable in the journal.
-            (record,) = journal_leases(tmp_path)
+            # The ACK came back, so its record is already committed in the state log.
+            (record,) = state_leases(tmp_path)
             assert (record.address, record.state) == (int(ack.yiaddr), LeaseState.BOUND)
             node.request_stop()
 
@@ -208,3 +218,53 @@ async def test_no_interfaces_or_disabled_means_not_serving(tmp_path, enabled):
             assert node.status()["dhcp"] == {"serving": False}
             assert "dhcp.server" not in node.service_state
             node.request_stop()
+
+
+async def test_a_node_upgraded_from_the_lease_journal_imports_it_once(tmp_path):
+    """An earlier release's ``dhcp/leases.journal``: its leases are in the state log once
+    the node is active (blocking their addresses meanwhile), the file is renamed aside,
+    and after a restart the leases are still served from the log."""
+    import time
+
+    now = time.time()
+    journal = tmp_path / "data" / "dhcp" / "leases.journal"
+    journal.parent.mkdir(parents=True)
+    old = [
+        Lease(
+            ip(f"127.0.100.{10 + n}"),
+            b"\x01" + mac(n),
+            mac(n),
+            "127.0.0.0/8",
+            LeaseState.BOUND,
+            now,
+            now + 3600,
+        )  # fmt: skip
+        for n in range(1, 4)
+    ]
+    journal.write_bytes(b"".join(frame(encode_lease(lease)) for lease in old))
+    port = free_udp_port()
+    for start in range(2):
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery, Client(port) as client:
+                node = await run_node(nursery, tmp_path, dhcp_document(port))
+                # Free in nobody's eyes but its owner's, imported or being imported.
+                nak = await client.ask(
+                    message(MessageType.REQUEST, mac(9), requested="127.0.100.11")
+                )
+                assert nak.message_type is MessageType.NAK
+                ack = await client.ask(
+                    message(MessageType.REQUEST, mac(1), requested="127.0.100.11")
+                )
+                assert ack.message_type is MessageType.ACK
+                offer = await client.ask(message(MessageType.DISCOVER, mac(8)))
+                assert str(offer.yiaddr) not in {"127.0.100.11", "127.0.100.12", "127.0.100.13"}
+                with trio.fail_after(5):
+                    while journal.exists():
+                        await trio.sleep(0.01)
+                if start == 0:
+                    assert node.status()["dhcp"]["journal"]["imported"] == 3
+                else:
+                    assert "journal" not in node.status()["dhcp"]
+                node.request_stop()
+    assert journal.with_name("leases.journal.imported").exists()
+    assert {lease.address for lease in state_leases(tmp_path)} == {lease.address for lease in old}

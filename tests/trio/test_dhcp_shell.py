@@ -10,10 +10,13 @@ would have to be pushed over a machine-wide limit (tests/real shows the rest):
 from __future__ import annotations
 
 import errno
+import math
 
 import trio
 from prometheus_client import CollectorRegistry
 
+from appliance.ha.fence import Fence
+from appliance.state.store import StateStore
 from plugins.dhcp import service as shell
 from plugins.dhcp.codec import parse_untrusted
 from plugins.dhcp.metrics import DhcpMetrics
@@ -29,10 +32,16 @@ NOW = 1_000_000.0
 class FakeSocket:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, tuple[str, int]]] = []
+        self.sources: list[list] = []
 
     def sendto(self, payload: bytes, address: tuple[str, int]) -> int:
         self.sent.append((payload, address))
         return len(payload)
+
+    def sendmsg(self, buffers, ancdata, flags, address: tuple[str, int]) -> int:
+        """As the kernel would: ``ancdata`` says the source (kept in :attr:`sources`)."""
+        self.sources.append(ancdata)
+        return self.sendto(b"".join(buffers), address)
 
     def fileno(self) -> int:
         return -1
@@ -41,9 +50,13 @@ class FakeSocket:
 def make_service(tmp_path, **server_config) -> tuple[DhcpService, FakeSocket, CollectorRegistry]:
     server = DhcpServer(config(**server_config))
     registry = CollectorRegistry()
+    fence = Fence(lambda: 0.0)
+    fence.grant(math.inf)
+    state = StateStore(tmp_path / "state", fence)
+    state.load()  # not running: what is appended waits for a writer the tests never start
     service = DhcpService(
         server,
-        LeaseStore(tmp_path / "leases.journal"),
+        LeaseStore(state, server.leases),
         (ON_LINK.interface,),
         DhcpMetrics(registry, server),
         clock=lambda: NOW,
@@ -145,3 +158,32 @@ async def test_probes_run_one_per_address_and_at_most_max_probes_at_once(
             discover(1, 6)
     assert len(probed) == MAX_PROBES + 1
     assert [parse_untrusted(p).xid for p, _ in sock.sent[MAX_PROBES:]] == [6, 2]
+
+
+def test_replies_of_the_active_leave_from_the_vip_and_a_standbys_from_its_own_address(
+    tmp_path, monkeypatch
+) -> None:
+    """``IP_PKTINFO`` on ``sendmsg`` names the VIP as the source (the server identifier a
+    client unicasts its renewals to); a standby, which does not hold it, sends as usual."""
+    import socket
+    from ipaddress import IPv4Address
+
+    from plugins.dhcp.model import Reservation
+    from plugins.dhcp.netio import IP_PKTINFO
+    from tests.unit.dhcp.clients import ip
+
+    vip = IPv4Address("192.0.2.5")
+    service, sock, _ = make_service(
+        tmp_path, vip=vip, reservations=(Reservation(ip("192.0.2.50"), mac(9)),)
+    )
+    monkeypatch.setattr(shell, "set_arp_entry", lambda *args: True)
+    data = message(MessageType.DISCOVER, mac(1))
+    service._dispatch(data, ON_LINK, service.server.handle(data, ON_LINK, NOW))
+    ((level, kind, pktinfo),) = sock.sources[0]
+    assert (level, kind) == (socket.IPPROTO_IP, IP_PKTINFO) and pktinfo[4:8] == vip.packed
+    assert parse_untrusted(sock.sent[0][0]).server_id == vip
+    service.set_active(False)
+    data = message(MessageType.DISCOVER, mac(9))
+    service._dispatch(data, ON_LINK, service.server.handle(data, ON_LINK, NOW))
+    assert len(sock.sent) == 2 and len(sock.sources) == 1  # sendto: the kernel's choice
+    assert parse_untrusted(sock.sent[1][0]).server_id == vip

@@ -1,6 +1,8 @@
 """The fence at the plugins' points of effect: a reply decided while active leaves only
-while the lease holds; a standby's own answers (reservations) do not need it. DHCP here;
-TFTP and HTTP boot, which speak from the rack's VIP only under the lease, below."""
+while the lease holds; a standby's own answers (reservations, only when they are the
+active's: the VIP as server identifier) do not need it. DHCP here, its leases on the
+state log (which asks the fence at each append); TFTP and HTTP boot, which speak from the
+rack's VIP only under the lease, below."""
 
 from __future__ import annotations
 
@@ -53,11 +55,14 @@ from tests.unit.tftp.fakeclient import pattern
 NOW = 1_000_000.0
 
 
-def dhcp(tmp_path, fence: Fence):
-    server = DhcpServer(config(reservations=(Reservation(ip("192.0.2.50"), mac(9)),)))
+def dhcp(tmp_path, fence: Fence, **server_config):
+    server = DhcpServer(config(reservations=(Reservation(ip("192.0.2.50"), mac(9)),),
+                               **server_config))  # fmt: skip
     registry = CollectorRegistry()
+    state = StateStore(tmp_path / "state", fence)  # its writer runs only where a test starts it
+    state.load()
     service = DhcpService(
-        server, LeaseStore(tmp_path / "leases.journal"), (ON_LINK.interface,),
+        server, LeaseStore(state, server.leases), (ON_LINK.interface,),
         DhcpMetrics(registry, server), clock=lambda: NOW, fence=fence.ok,
     )  # fmt: skip
     sock = FakeSocket()
@@ -84,24 +89,34 @@ async def test_an_active_node_past_its_lease_sends_no_dynamic_answer(tmp_path):
     assert fence.refused == 1
 
 
-async def test_a_standby_answers_its_reservations_without_the_lease(tmp_path):
+async def test_a_standby_answers_its_reservations_without_the_lease_when_it_has_a_vip(tmp_path):
+    """Its answer is then the active's (the VIP as server identifier); it writes nothing."""
     fence = Fence(trio.current_time)  # never granted
-    service, sock, _ = dhcp(tmp_path, fence)
+    service, sock, registry = dhcp(tmp_path, fence, vip=IPv4Address("192.0.2.5"))
     service.server.active = False
     discover(service, mac(9))  # reserved
     discover(service, mac(3))  # dynamic: the standby stays silent
     assert len(sock.sent) == 1 and fence.refused == 0
+    assert service.store.state.last() == 0
 
 
-async def test_a_fence_closed_during_the_group_commit_sends_no_ack_and_announces_nothing(
-    tmp_path,
-):
-    """A lease made durable while the fence closed: no ACK, no dhcp_lease_committed."""
+async def test_a_standby_without_a_vip_does_not_answer_reservations(tmp_path):
+    """Its server identifier would be its own address: not what the active answers."""
+    fence = Fence(trio.current_time)
+    service, sock, _ = dhcp(tmp_path, fence)
+    service.server.active = False
+    discover(service, mac(9))
+    assert sock.sent == [] and fence.refused == 0
+
+
+async def test_a_fence_closed_before_the_commit_sends_no_ack_and_announces_nothing(tmp_path):
+    """A lease written while active, the lease lost before the record committed (here: while
+    it was being made durable): no ACK, no dhcp_lease_committed."""
     from plugins.dhcp.options import MessageType as T
 
     fence = Fence(trio.current_time)
     service, sock, registry = dhcp(tmp_path, fence)
-    service.store.load()
+    state = service.store.state
     events: list = []
     service.events = events.append
     fence.grant(trio.current_time() + 5)
@@ -111,17 +126,23 @@ async def test_a_fence_closed_during_the_group_commit_sends_no_ack_and_announces
     request = message(T.REQUEST, mac(4), requested=ip(yiaddr), server_id=ON_LINK.local)
     service._dispatch(request, ON_LINK, service.server.handle(request, ON_LINK, NOW))
     fence.revoke()  # the lease is lost while the record is being made durable
-    assert service.store.committer.pending == 1
-    await service.store.committer.flush()  # durable now; the ACK meets a closed fence
+    assert len(state.uncommitted) == 1
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(state.run)
+            while state.durable < 1:  # durable now; it does not commit under a lost lease
+                await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
     assert len(sock.sent) == 1 and events == []  # the OFFER only
     assert registry.get_sample_value("rackboot_dhcp_dropped_total", {"reason": "fenced"}) == 1
+    assert service.server.leases.pending() == 0  # the address is free again
 
 
-async def test_a_decision_made_while_active_is_not_journaled_after_the_fence_closed(tmp_path):
+async def test_a_decision_made_while_active_is_not_written_after_the_fence_closed(tmp_path):
     from plugins.dhcp.options import MessageType as T
 
     fence = Fence(trio.current_time)
-    service, sock, _ = dhcp(tmp_path, fence)
+    service, sock, registry = dhcp(tmp_path, fence)
     fence.grant(trio.current_time() + 5)
     discover(service, mac(5))
     yiaddr = ".".join(str(b) for b in sock.sent[-1][0][16:20])
@@ -130,7 +151,9 @@ async def test_a_decision_made_while_active_is_not_journaled_after_the_fence_clo
     assert outcome.commits
     fence.revoke()
     service._dispatch(request, ON_LINK, outcome)
-    assert service.store.committer.pending == 0 and len(sock.sent) == 1
+    assert service.store.state.last() == 0 and len(sock.sent) == 1
+    assert service.server.leases.pending() == 0
+    assert registry.get_sample_value("rackboot_dhcp_dropped_total", {"reason": "fenced"}) == 1
 
 
 async def test_dhcp_starts_inactive_until_the_node_is_active(tmp_path):

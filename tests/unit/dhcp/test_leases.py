@@ -27,7 +27,10 @@ def test_returning_client_finds_its_address_even_after_expiry():
     table = LeaseTable()
     table.apply(lease())
     assert table.of_client(A).address == IP1
-    assert table.expire(now=200.0) == [lease(state=LeaseState.EXPIRED)]
+    assert table.expired(now=200.0) == [lease(state=LeaseState.EXPIRED)]
+    assert table.get(IP1).state is LeaseState.BOUND  # listed, not applied
+    for record in table.expired(now=200.0):
+        table.apply(record)
     assert table.of_client(A).state is LeaseState.EXPIRED
     assert table.is_free_for(IP1, B, now=200.0)
 

@@ -26,6 +26,7 @@ from tests.unit.dhcp.clients import (
 
 D, R = MessageType.DISCOVER, MessageType.REQUEST
 T0 = 1_800_000_000.0
+VIP = IPv4Address("192.0.2.5")
 
 
 def dora(server: DhcpServer, hw: bytes, now: float = T0, arrival: Arrival = ON_LINK, **kw):
@@ -238,13 +239,29 @@ def test_reservations_by_mac_and_client_id():
     assert nak.message_type is MessageType.NAK
 
 
-def test_standby_answers_reservations_only():
-    server = DhcpServer(config(reservations=(Reservation(ip("192.0.2.50"), mac=mac(1)),)))
+def test_standby_answers_reservations_only_with_the_vip_and_writes_nothing():
+    server = DhcpServer(config(reservations=(Reservation(ip("192.0.2.50"), mac=mac(1)),), vip=VIP))
     server.active = False
     assert server.handle(message(D, mac(2)), ON_LINK, T0).dropped == "standby"
     assert server.handle(message(R, mac(2), requested="192.0.2.100"), ON_LINK, T0).replies == []
     offer, ack = dora(server, mac(1))
-    assert reply_of(ack).message_type is MessageType.ACK
+    assert reply_of(ack).message_type is MessageType.ACK and reply_of(ack).server_id == VIP
+    assert ack.commits == [] and server.leases.get(ip("192.0.2.50")) is None
+    assert ack.replies[0].source == 0  # a standby does not hold the VIP: its own address
+
+
+def test_a_standby_without_a_vip_stays_silent_even_for_reservations():
+    """Its server identifier would be its own address, not the one the active answers with."""
+    server = DhcpServer(config(reservations=(Reservation(ip("192.0.2.50"), mac=mac(1)),)))
+    server.active = False
+    for data in (
+        message(D, mac(1)),
+        message(R, mac(1), requested="192.0.2.50", server_id=SERVER),
+        message(R, mac(1), requested="192.0.2.50"),
+        message(MessageType.INFORM, mac(1), ciaddr="192.0.2.50"),
+    ):
+        out = server.handle(data, ON_LINK, T0)
+        assert (out.replies, out.commits, out.dropped) == ([], [], "standby")
 
 
 def relay_info(*suboptions: tuple[int, bytes]) -> bytes:
