@@ -24,15 +24,16 @@ The DHCP plugin's adapter to ``node.state``:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
 from appliance.journal import JournalFile
 from appliance.logs import get_logger
-from appliance.state.store import NotWriter, Position, Reset
+from appliance.state.store import Change, NotWriter, Position, Reset
 
 from .leases import (
     MAX_RECORD_BYTES,
@@ -121,24 +122,28 @@ class LeaseStore:
         task_status.started()
         table, view = self.table, self.view
         after = Position(table.epoch, table.lsn)
-        async for change in self.state.subscribe(NAMESPACE, after):
-            if isinstance(change, Reset):
-                self.counters["resets"] += 1
-                log.info("lease table rebuilt from the state log", lsn=change.position.lsn,
-                         leases=len(change.items))  # fmt: skip
-                self._reset(change.items, change.position)
-                continue
-            try:
-                if change.value is None:
-                    table.remove(address_of(change.key))
-                else:
-                    table.apply(lease_from_state_untrusted(change.key, change.value))
-            except CorruptRecord as exc:
-                self.counters["corrupt"] += 1
-                log.error("skipping an unreadable lease record", key=change.key[:32],
-                          lsn=change.position.lsn, error=str(exc))  # fmt: skip
-            table.epoch, table.lsn = change.position.epoch, change.position.lsn
-            view.caught_up()
+        async with aclosing(self._subscribe(NAMESPACE, after)) as changes:
+            async for change in changes:
+                if isinstance(change, Reset):
+                    self.counters["resets"] += 1
+                    log.info("lease table rebuilt from the state log", lsn=change.position.lsn,
+                             leases=len(change.items))  # fmt: skip
+                    self._reset(change.items, change.position)
+                    continue
+                try:
+                    if change.value is None:
+                        table.remove(address_of(change.key))
+                    else:
+                        table.apply(lease_from_state_untrusted(change.key, change.value))
+                except CorruptRecord as exc:
+                    self.counters["corrupt"] += 1
+                    log.error("skipping an unreadable lease record", key=change.key[:32],
+                              lsn=change.position.lsn, error=str(exc))  # fmt: skip
+                table.epoch, table.lsn = change.position.epoch, change.position.lsn
+                view.caught_up()
+
+    def _subscribe(self, ns: str, after: Position) -> AsyncGenerator[Change | Reset, None]:
+        return cast(AsyncGenerator[Change | Reset, None], self.state.subscribe(ns, after))
 
     def _reset(self, items: dict[str, Any], position: Position) -> None:
         leases = []
@@ -159,14 +164,15 @@ class LeaseStore:
         """``on_change(every appliance's announced identifiers)`` now and at each change."""
         servers = dict(self.state.scan(SERVERS))
         on_change(servers)
-        async for change in self.state.subscribe(SERVERS, self.state.position):
-            if isinstance(change, Reset):
-                servers = dict(change.items)
-            elif change.value is None:
-                servers.pop(change.key, None)
-            else:
-                servers[change.key] = change.value
-            on_change(servers)
+        async with aclosing(self._subscribe(SERVERS, self.state.position)) as changes:
+            async for change in changes:
+                if isinstance(change, Reset):
+                    servers = dict(change.items)
+                elif change.value is None:
+                    servers.pop(change.key, None)
+                else:
+                    servers[change.key] = change.value
+                on_change(servers)
 
     def announce(self, name: str, addresses: list[str]) -> None:
         """Record this appliance's server identifiers for the others (when it may write)."""

@@ -1,15 +1,28 @@
-"""Group commit: appends made while a write is in flight share the next write."""
+"""Group commit: appends made while a write is in flight share the next write.
+
+The journal's :class:`GroupCommitter` first, then the same promises where DHCP's leases
+live now, the state log's writer (appliance/state/store.py) under the lease store: the
+ACKs decided while a write is in flight share the next write and fsync, none is called
+back before its record is on disk, and a failed write is retried before anything later."""
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import threading
 
 import trio
 
+from appliance.ha.fence import Fence
 from appliance.journal import GroupCommitter, JournalFile
+from appliance.state import store as state_store
+from appliance.state.store import StateStore
+from plugins.dhcp.leases import Lease, LeaseState, LeaseView
+from plugins.dhcp.store import LeaseStore
 from tests.support.logs import captured_logs
+
+NOW = 1_000_000.0
 
 
 class GatedJournal(JournalFile):
@@ -146,3 +159,71 @@ async def test_a_compaction_failed_before_the_rename_says_the_old_file_is_intact
     assert "old file is intact" in error["msg"] and error["step"] == "rename j.compact over j"
     journal.close()
     assert JournalFile(tmp_path / "j").open() == [b"a0", b"a1"]
+
+
+# -- DHCP's leases on the state log ------------------------------------------------------
+
+
+def gated_lease_store(tmp_path):
+    """A lease store on a state log whose disk is :class:`GatedJournal` (the writer not
+    started)."""
+    fence = Fence(trio.current_time)
+    fence.grant(math.inf, epoch=1)
+    state = StateStore(tmp_path, fence)
+    state.log.journal = GatedJournal(tmp_path / "log")
+    state.load()
+    view = LeaseView()
+    return state, view, LeaseStore(state, view)
+
+
+def ack(view, store, n: int, durable: list[int]) -> None:
+    """What the server and its shell do for one ACK: the lease pending, then committed."""
+    lease = Lease(0xC0000264 + n, b"\x01" + bytes(6), bytes(6), "192.0.2.0/24",
+                  LeaseState.BOUND, NOW, NOW + 600)  # fmt: skip
+    view.add(lease)
+    store.commit([lease], lambda: durable.append(n))
+
+
+async def test_dhcp_acks_decided_during_a_state_write_share_the_next_one(tmp_path):
+    state, view, store = gated_lease_store(tmp_path)
+    durable: list[int] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(state.run)
+            ack(view, store, 0, durable)
+            while not state.log.journal.calls:  # the first write is in flight
+                await trio.sleep(0.001)
+            for n in range(1, 50):
+                ack(view, store, n, durable)
+            assert durable == []  # nothing is acknowledged before it is on disk
+            state.log.journal.gate.set()
+            while len(durable) < 50:
+                await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+    assert state.log.journal.calls == [1, 49] and state.counters["writes"] == 2
+    assert durable == list(range(50)) and view.pending() == 50  # no feed ran: still pending
+
+
+async def test_a_failed_state_write_acknowledges_nothing_until_it_is_retried(tmp_path, monkeypatch):
+    monkeypatch.setattr(state_store, "RETRY_WRITE", 0.05)
+    state, view, store = gated_lease_store(tmp_path)
+    journal = state.log.journal
+    journal.gate.set()
+    journal.fail_next = True
+    durable: list[int] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(state.run)
+            ack(view, store, 0, durable)
+            while not state.counters["write_failures"]:
+                await trio.sleep(0.001)
+            ack(view, store, 1, durable)  # after the failure: written only after the retry
+            assert durable == []
+            while len(durable) < 2:
+                await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+    assert durable == [0, 1] and state.counters["write_failures"] == 1
+    assert journal.calls == [1, 2]  # the failed write again, with what came meanwhile
+    state.log.close()
+    reopened = StateStore(tmp_path, Fence(lambda: 0.0))
+    assert reopened.load().tables.lsn == 2  # both on disk, once each, in order
