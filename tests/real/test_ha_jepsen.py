@@ -67,12 +67,6 @@ def rack(lab: Lab, tmp_path: Path):
         made.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DHCP still keeps its leases in each node's own journal: after a failover the new "
-    "active hands the dead active's addresses out again (remove this mark once they ride on "
-    "the replicated state log)",
-)
 def test_no_double_binding_and_no_acknowledged_lease_lost_across_faults(rack, tmp_path: Path):
     churn = rack.client.popen(
         [sys.executable, "-m", "tests.support.dhcp_churn", rack.client.ifname, str(CLIENTS),
