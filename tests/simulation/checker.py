@@ -39,6 +39,7 @@ recorded when the process dies (the acceptors' grants still run).
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass
 
@@ -82,6 +83,7 @@ class Checker:
         self._handovers: set[tuple[str, int]] = set()  # (sender, req) that moved a lease
         self._tickets: dict[str, Ticket] = {}
         self._newest_at_resource: Holding | None = None
+        self.state = StateChecker(self)
 
     def fail(self, text: str) -> None:
         line = f"t={trio.current_time():.6f} {text}"
@@ -232,3 +234,241 @@ class Checker:
                 )
             return
         self._newest_at_resource = Holding(effect.epoch, 0.0, effect.tenure)
+
+
+# -- the replicated state log --------------------------------------------------------------
+
+
+def epoch_in(history: list[tuple[int, int]], last: int, lsn: int) -> int | None:
+    """The epoch of record ``lsn`` by an epoch history ``[(epoch, first lsn), ...]`` of a
+    log that ends at ``last`` (None: not in it, or older than the history)."""
+    if not 0 < lsn <= last or not history:
+        return None
+    n = bisect.bisect_right(history, lsn, key=lambda entry: entry[1]) - 1
+    return history[n][0] if n >= 0 else None
+
+
+def store_epoch(store, lsn: int) -> int | None:
+    """The epoch of record ``lsn`` in a store's memory: committed, or appended."""
+    tables = store.tables
+    if lsn <= tables.lsn:
+        return epoch_in(tables.history.entries, tables.lsn, lsn)
+    n = lsn - tables.lsn - 1
+    return store.uncommitted[n][0].epoch if n < len(store.uncommitted) else None
+
+
+def durable_epoch(process, lsn: int) -> int | None:
+    """The epoch of record ``lsn`` in what a restart of ``process`` would read back."""
+    tables = process.statelog.durable_recovery().tables
+    return epoch_in(tables.history.entries, tables.lsn, lsn)
+
+
+class StateChecker:
+    """The state log's invariants (tests/simulation/replicas.py runs it), checked as things
+    happen. A write is **acknowledged** when its leader's ``on_commit`` gets a position;
+    the records it commits with it (every record up to its LSN in that leader's log) are
+    **committed**: the cluster's history, one record per LSN.
+
+    * (a) when a node is granted a new epoch (Acquired), every acknowledged write is durable
+      in its log (what a restart would read back) and in its memory; a forced promote may
+      lose some (docs/state.md): counted, and the history is rebased on the forced node's;
+    * (b) no two different records are committed at one LSN: a leader commits the records
+      the history has; a node that applies a record at a committed LSN applies that one
+      (except a deposed leader applying its own records, kept until they are cut); a cut
+      never removes a committed record;
+    * (c) the fencing token at the receiver: a standby never accepts records (or a
+      snapshot) sent under an epoch lower than the highest it knows, its election's
+      durable epoch or the epoch of a frame it accepted before in this life;
+    * (d) no address is given to two clients: an acknowledged allocation never follows,
+      in the history, another client's acknowledged allocation of the same address with no
+      committed write of it in between;
+    * (e) after healing, every appliance's log (in memory and what a restart would read
+      back) ends as the holder's, with the same tables, and counts for its commits.
+    """
+
+    def __init__(self, checker: Checker) -> None:
+        self.checker = checker
+        self.world = checker.world
+        self.seen = checker.seen
+        self.written: dict[tuple[int, int], object] = {}  # (epoch, lsn) -> record appended
+        self.acked: dict[int, int] = {}  # lsn -> epoch of acknowledged writes
+        self.committed: dict[int, int] = {}  # lsn -> epoch: the history, 1..upto
+        self.upto = 0
+        self.last_write: dict[str, tuple[int, object, bool]] = {}  # key -> (lsn, record, acked)
+        self.highest_frame: dict[tuple[str, int], int] = {}
+
+    def fail(self, text: str) -> None:
+        self.checker.fail(text)
+
+    # -- writes ---------------------------------------------------------------------
+
+    def appended(self, process, record) -> None:
+        self.written[(record.epoch, record.lsn)] = record
+        self.seen["writes appended"] += 1
+
+    def acknowledged(self, process, record, client: str) -> None:
+        self.seen["acknowledged writes"] += 1
+        store = process.state.store
+        if record.lsn <= self.upto:
+            if self.committed[record.lsn] != record.epoch:
+                self.fail(
+                    f"(b) {process.name} acknowledged record {record.lsn} of epoch "
+                    f"{record.epoch}: the one committed there is of epoch "
+                    f"{self.committed[record.lsn]}"
+                )
+            return
+        tables = store.tables
+        for lsn in range(self.upto + 1, record.lsn + 1):
+            epoch = epoch_in(tables.history.entries, tables.lsn, lsn)
+            if epoch is None:
+                self.fail(f"(b) {process.name} committed {record.lsn} without record {lsn}")
+                return
+            self.committed[lsn] = epoch
+            self.upto = lsn
+            self._history(self.written.get((epoch, lsn)), lsn, lsn == record.lsn, client)
+        self.acked[record.lsn] = record.epoch
+        self.world.clients.acknowledged(record, client)
+
+    def _history(self, record, lsn: int, acked: bool, client: str) -> None:
+        """(d), one committed record after the other."""
+        if record is None:
+            return
+        previous = self.last_write.get(record.key)
+        if acked and record.value is not None and previous is not None:
+            at, earlier, was_acked = previous
+            if was_acked and earlier.value not in (None, record.value):
+                self.fail(
+                    f"(d) address {record.key} given to {record.value} (record {lsn}) while "
+                    f"{earlier.value} holds it (acknowledged record {at})"
+                )
+        self.last_write[record.key] = (lsn, record, acked)
+
+    # -- failovers ------------------------------------------------------------------
+
+    def acquired(self, process, epoch: int, forced: bool) -> None:
+        """(a), at the moment ``process`` is granted ``epoch``."""
+        store = process.state.store
+        self.seen["acquisitions with the log checked"] += 1
+        others = [p for p in self.world.processes.values() if p is not process and p.state]
+        if any(any(ours for _, _, ours in p.state.store.uncommitted) for p in others):
+            self.seen["failovers with writes pending on another appliance"] += 1
+        durable = process.statelog.durable_recovery().tables
+        history, last = durable.history.entries, durable.lsn
+        missing = [
+            (lsn, epoch_)
+            for lsn, epoch_ in self.acked.items()
+            if epoch_in(history, last, lsn) != epoch_ or store_epoch(store, lsn) != epoch_
+        ]
+        if not missing:
+            return
+        if forced:
+            self.seen["acknowledged writes lost to a forced promote"] += len(missing)
+            self._rebase(process)
+            return
+        lsn, epoch_ = missing[0]
+        self.fail(
+            f"(a) {process.name} acquired epoch {epoch} without {len(missing)} acknowledged "
+            f"writes, the first record {lsn} of epoch {epoch_} (its durable log has "
+            f"{epoch_in(history, last, lsn)}, its memory {store_epoch(store, lsn)})"
+        )
+        self._rebase(process)  # one report, not one per later failover
+
+    def _rebase(self, process) -> None:
+        """The history becomes the part ``process``'s log shares with it."""
+        store = process.state.store
+        keep = 0
+        while keep < self.upto and store_epoch(store, keep + 1) == self.committed[keep + 1]:
+            keep += 1
+        for lsn in range(keep + 1, self.upto + 1):
+            del self.committed[lsn]
+            self.acked.pop(lsn, None)
+        self.upto = keep
+        for key, (lsn, _, _) in list(self.last_write.items()):
+            if lsn > keep:
+                del self.last_write[key]
+
+    # -- what each node applies and accepts -----------------------------------------
+
+    def applied(self, process, records: list, leading: bool) -> None:
+        """``process``'s store committed ``records`` (record, appended there as leader)."""
+        sent_under = process.state.sent_under
+        for record, ours in records:
+            frame = None if ours else sent_under.pop(record.lsn, None)
+            committed = self.committed.get(record.lsn)
+            if committed is None or committed == record.epoch:
+                continue
+            if ours and not leading:
+                self.seen["a deposed leader's own records applied (cut later)"] += 1
+                continue
+            if not ours and not leading and frame is not None and frame < committed:
+                # A deposed leader's late frame, before this standby heard of its successor:
+                # as if sent in time (the fencing token promises no more; (c) checks it).
+                self.seen["a deposed leader's late records applied by a standby (cut later)"] += 1
+                continue
+            self.fail(
+                f"(b) {process.name} applied record {record.lsn} of epoch {record.epoch} "
+                f"({'leading' if leading else f'following, sent under epoch {frame}'}): the "
+                f"one committed there is of epoch {committed}"
+            )
+
+    def accepted(self, process, frame_epoch: int | None) -> None:
+        """(c): ``process`` accepts records or a snapshot from a frame of ``frame_epoch``."""
+        key = (process.name, process.incarnation)
+        highest = max(process.disk.epoch, self.highest_frame.get(key, 0))
+        if frame_epoch is None or frame_epoch < highest:
+            self.fail(
+                f"(c) {process.name} accepted records sent under epoch {frame_epoch} while "
+                f"it knew epoch {highest}"
+            )
+            return
+        self.highest_frame[key] = frame_epoch
+
+    def cutting(self, process, after: int) -> None:
+        """A standby cuts its log after ``after``: nothing committed may go."""
+        store = process.state.store
+        for lsn in range(after + 1, min(store.last(), self.upto) + 1):
+            if store_epoch(store, lsn) == self.committed[lsn]:
+                self.fail(f"(b) {process.name} cuts committed record {lsn} (after {after})")
+                return
+
+    def loaded(self, process) -> None:
+        self.seen["state logs read back at start"] += 1
+        if process.statelog.torn:
+            self.seen["torn tails cut at start"] += process.statelog.torn
+            process.statelog.torn = 0
+
+    # -- the end ----------------------------------------------------------------------
+
+    def converged(self) -> None:
+        """(e), at the end of a run whose last seconds were healed and quiet."""
+        world = self.world
+        holders = world.holders()
+        if len(holders) != 1:
+            return  # reported already
+        holder = world.processes[holders[0]]
+        store = holder.state.store
+        if store.uncommitted:
+            self.fail(f"(e) the holder {holder.name} has {len(store.uncommitted)} records "
+                      "not committed after healing")  # fmt: skip
+        skipped = holder.state.replication._skipped()
+        for name in world.names:
+            process = world.processes[name]
+            state = process.state
+            if state is None:
+                self.fail(f"(e) {name} is not running after healing")
+                continue
+            durable = process.statelog.durable_recovery().tables
+            mine = state.store.tables
+            for what, tables in (("memory", mine), ("durable log", durable)):
+                if (tables.lsn, tables.epoch, tables.data) != (
+                    store.tables.lsn, store.tables.epoch, store.tables.data,
+                ):  # fmt: skip
+                    self.fail(
+                        f"(e) {name}'s {what} ends at record {tables.lsn} of epoch "
+                        f"{tables.epoch}, the holder {holder.name}'s at {store.tables.lsn} of "
+                        f"epoch {store.tables.epoch}"
+                        + ("" if tables.lsn != store.tables.lsn else " (other content)")
+                    )
+            if name in skipped:
+                self.fail(f"(e) {name} is still declared ineligible after healing")
+        self.seen["runs converged"] += not any("(e)" in v for v in self.checker.violations)

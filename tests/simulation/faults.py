@@ -106,8 +106,10 @@ def trap(world, rng, process):
     steps = ["woke"] if process.witness else ["woke", "persist", "checked", "checked"]
     if world.seed_set.after_send and not process.witness:
         steps.append("sent")
+    if world.replicated and not process.witness:
+        steps += ["fsync", "fsynced", "replicate", "replicate"]  # replicas.py's steps
     step = rng.choice(steps)
-    if step == "checked":
+    if step in ("checked", "replicate"):
         seconds = rng.uniform(*rng.choice([(0, COVER), (COVER, 0.5), (0.5, 3.0)]))
     else:
         seconds = rng.uniform(0.01, 3.0)
@@ -241,13 +243,84 @@ def reconfigure(world, rng, process):
     _restart(world, appliance, rng.uniform(0.0, 1.5))
 
 
+# -- the replicated state log (replicas.py) ----------------------------------------------
+
+
+def power(world, rng, process):
+    """The rack loses power: every appliance at once (the witnesses are elsewhere), each
+    back 0.2-1.5 s later with what its disk had made durable."""
+    world.checker.seen["rack power cuts"] += 1
+    for name in world.names:
+        _restart(world, world.processes[name], rng.uniform(0.2, 1.5))
+
+
+def crash_mid_fsync(world, rng, process):
+    """Power lost on an appliance while its fsync is in flight (a standby's when one is, so
+    that its acknowledgement races its disk), and half the time on the holder just after."""
+    return _crash_mid_fsync(world, rng)
+
+
+async def _crash_mid_fsync(world: World, rng) -> None:
+    holders = world.holders()
+    for _ in range(200):
+        busy = [n for n in world.names if world.processes[n].fsyncs]
+        candidates = [n for n in busy if n not in holders] or busy
+        if candidates:
+            break
+        await trio.sleep(0.001)
+    else:
+        return
+    victim = world.processes[rng.choice(candidates)]
+    _restart(world, victim, rng.uniform(0.2, 1.5))
+    if holders and holders[0] != victim.name and rng.random() < 0.5:
+        await trio.sleep(rng.uniform(0.0, 0.3))
+        world.checker.seen["holders killed just after a standby's fsync was"] += 1
+        _restart(world, world.processes[holders[0]], rng.uniform(0.2, 1.5))
+
+
+def slow_disk(world, rng, process):
+    """An appliance's fsyncs take 50-800 ms for 1-4 s (a stalled virtual disk)."""
+    process = _appliance(world, rng)
+    process.slow_disk_until = trio.current_time() + rng.uniform(1.0, 4.0)
+    world.checker.seen["slow disks"] += 1
+
+
+def clock_step(world, rng, process):
+    """NTP steps an appliance's wall clock by 12-40 s: the holder's pings see the skew."""
+    process = _appliance(world, rng)
+    process.wall_offset += rng.choice([-1, 1]) * rng.uniform(12.0, 40.0)
+    world.checker.seen["wall clocks stepped"] += 1
+
+
+def isolate_standby(world, rng, process):
+    """A standby cut off from the holder (it falls behind and is declared ineligible), then
+    the holder dies while the standby is still cut off: docs/state.md, "A dies, B
+    ineligible": nobody takes over by itself until the holder is back."""
+    holders = world.holders()
+    standbys = [n for n in world.names if n not in holders and world.processes[n].alive]
+    if not holders or not standbys:
+        return
+    world.checker.seen["standbys cut off, then the holder killed"] += 1
+    return _isolate(world, rng, holders[0], rng.choice(standbys))
+
+
+async def _isolate(world: World, rng, holder: str, standby: str) -> None:
+    links = {(holder, standby), (standby, holder)}
+    world.network.faults.cut |= links
+    await trio.sleep(rng.uniform(0.8, 2.0))
+    _restart(world, world.processes[holder], rng.uniform(0.5, 3.0))
+    await trio.sleep(rng.uniform(0.5, 2.0))
+    world.network.faults.cut -= links
+
+
 FAULTS = {
     "kill": kill, "restart": restart, "pause": pause, "trap": trap, "partition": partition,
     "one-way": one_way, "loss": loss, "duplicate": duplicate, "delay": delay,
     "slow-link": slow_link, "heal": heal, "lease": lease, "promote": operator("promote", _standby),
     "force": operator("force", _last_one), "demote": operator("demote"),
     "maintenance": operator("maintenance on"), "amnesia": amnesia, "lower-lease": lower_lease,
-    "reconfigure": reconfigure,
+    "reconfigure": reconfigure, "power": power, "crash-mid-fsync": crash_mid_fsync,
+    "slow-disk": slow_disk, "clock-step": clock_step, "isolate-standby": isolate_standby,
 }  # fmt: skip
 
 
@@ -258,6 +331,7 @@ def heal_all(world: World) -> None:
         _finish_rollouts(world)
     for process in world.processes.values():
         process.trap = None
+        process.wall_offset, process.slow_disk_until = 0.0, 0.0
         if process.paused_at is not None:
             process.resume()
         if not process.alive:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import random
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ import trio._core._run as trio_run
 import trio.testing
 
 from appliance.ha.schema import MIN_MARGIN, Timing, check_timing
+from tests.simulation import replicas
 from tests.simulation.faults import FAULTS, heal_all, target
 from tests.simulation.world import Faults, World
 
@@ -71,6 +73,11 @@ class SeedSet:
     after_send: bool = False
     finish_rollouts: bool = True  # at healing: one membership, one lease
     replay_answers: bool = False  # the adversary replays answers to rounds with their id
+    # A replicated state log per appliance under a perfdhcp-like load (replicas.py); its
+    # shell's knobs (replicas.py), and the healed time at the end: load, then quiet.
+    replicated: bool = False
+    shell: frozenset[str] = frozenset()
+    heal: float = HEAL
     ci: bool = True
 
     @property
@@ -82,7 +89,14 @@ DEFAULT_WEIGHTS = {
     "kill": 3, "restart": 3, "pause": 3, "trap": 5, "partition": 3, "one-way": 2, "loss": 2,
     "duplicate": 1, "delay": 2, "slow-link": 2, "heal": 2, "lease": 3, "promote": 2,
     "force": 1, "demote": 1, "maintenance": 1, "amnesia": 2, "lower-lease": 3, "reconfigure": 0,
+    "power": 0, "crash-mid-fsync": 0, "slow-disk": 0, "clock-step": 0, "isolate-standby": 0,
 }  # fmt: skip
+# The replicated sets: the disk and the state log's own failures, fewer lease changes.
+REPLICATION_WEIGHTS = {
+    "power": 2, "crash-mid-fsync": 4, "slow-disk": 2, "clock-step": 1, "isolate-standby": 3,
+    "lease": 1, "lower-lease": 1, "amnesia": 1,
+}  # fmt: skip
+QUIET_END = 3.0  # s at the end of a replicated run with no new request: the logs converge
 QUIET = {kind: 0 for kind in DEFAULT_WEIGHTS} | {"heal": 1}  # nothing but the start state
 DEFAULT = timings(1.0, 0.25, 0.15)
 BOUND = timings(1.0, 0.25)
@@ -115,6 +129,11 @@ SETS = {
         SeedSet("mixed-leases", "three appliances and a witness, a0 and a1 on the shorter "
                 "lease, a2 on the longer, no fault", DEFAULT, layouts=((3, 1),),
                 short=("a0", "a1"), weights=QUIET, finish_rollouts=False, ci=False),
+        SeedSet("replication", "the default set with a replicated state log on every "
+                "appliance under a perfdhcp-like load; power cuts, kills and pauses during "
+                "fsyncs, slow disks, wall-clock steps, standbys cut off from the holder",
+                DEFAULT, replicated=True, shell=replicas.KNOBS, heal=7.0,
+                weights=REPLICATION_WEIGHTS),
     )
 }  # fmt: skip
 CI_SETS = [name for name, s in SETS.items() if s.ci]
@@ -153,8 +172,23 @@ def run_seed(
 ) -> Result:
     seed_set = SETS[seed_set] if isinstance(seed_set, str) else seed_set
     clock = trio.testing.MockClock(autojump_threshold=0)
-    with deterministic_scheduler(seed):
+    with deterministic_scheduler(seed), contextlib.ExitStack() as stack:
+        if seed_set.replicated:
+            stack.enter_context(replicas.patched(seed_set.shell))
+            stack.enter_context(_quiet_logs())
         return trio.run(_run, seed, seed_set, duration, trace, clock=clock)
+
+
+@contextlib.contextmanager
+def _quiet_logs():
+    """The state shell logs every link it drops and every cut: not here."""
+    logger = logging.getLogger("rackboot")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _rates(seed_set: SeedSet, rng: random.Random, count: int) -> list[float]:
@@ -172,6 +206,7 @@ def _world(seed: int, seed_set: SeedSet) -> World:
     world = World(
         seed, appliances=appliances, witnesses=witnesses, timing=seed_set.timing,
         rates=_rates(seed_set, pick, appliances + witnesses), faults=Faults(late=seed_set.late),
+        replicated=seed_set.replicated,
     )  # fmt: skip
     world.seed_set = seed_set
     world.network.targeted = seed_set.replay_answers
@@ -185,24 +220,39 @@ def _world(seed: int, seed_set: SeedSet) -> World:
     return world
 
 
+LAST: list[World] = []  # the world of the last run in this process (to debug one seed)
+
+
 async def _run(seed: int, seed_set: SeedSet, duration: float, keep_trace: bool) -> Result:
     world = _world(seed, seed_set)
+    LAST[:] = [world]
     world.trace = [] if keep_trace else None
     async with trio.open_nursery() as nursery:
         world.nursery = nursery
         nursery.start_soon(world.network.run)
         nursery.start_soon(world.network.adversary)
+        if world.replicated:
+            nursery.start_soon(world.links.run)
+            nursery.start_soon(world.clients.run)
+            nursery.start_soon(world.clients.deliver)
         for process in world.processes.values():
             process.start()
         async with trio.open_nursery() as schedule:  # faults' later steps end with it
             world.schedule = schedule
-            await _faults(world, duration - HEAL)
+            await _faults(world, duration - seed_set.heal)
             schedule.cancel_scope.cancel()
         heal_all(world)
-        await trio.sleep(HEAL)
+        if world.replicated:
+            await trio.sleep(seed_set.heal - QUIET_END)
+            world.clients.running = False
+            await trio.sleep(QUIET_END)
+        else:
+            await trio.sleep(seed_set.heal)
         holders = world.holders()
         if len(holders) != 1:
-            world.checker.fail(f"no single holder {HEAL} s after healing: {holders}")
+            world.checker.fail(f"no single holder {seed_set.heal} s after healing: {holders}")
+        elif world.replicated:
+            world.checker.state.converged()
         nursery.cancel_scope.cancel()
     checker = world.checker
     checker.seen["messages"] = world.network.sent

@@ -16,8 +16,10 @@ import heapq
 import itertools
 import math
 import random
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import trio
@@ -30,6 +32,8 @@ from appliance.ha.proposer import Acquired, Lost, Renewed
 from appliance.ha.runner import ElectionRunner, WitnessRunner
 from appliance.ha.schema import Timing
 from tests.simulation.checker import Checker
+from tests.simulation.replicas import CURRENT, Clients, LinkNet, NodeState
+from tests.support.memlog import MemLog
 
 ADVERSARY = "adversary"  # the replaying box's address
 RESOURCE = "resource"  # where outward effects go
@@ -193,6 +197,7 @@ class Disk:
     epoch: int = 0
     longest_lease: float = 0.0
     confirmed: str = ""  # the membership every peer was seen to share
+    ineligible: frozenset[str] = frozenset()  # the last proposal its acceptor accepted named
 
 
 @dataclass
@@ -232,6 +237,13 @@ class Process:
         self._force_next = False  # the next prepare this node sends is the forced round
         self._round = None  # the proposer's round when the last answer came in
         self._delivered: tuple[str, object] | None = None  # the last (sender, message) fed
+        # Replicated runs (replicas.py): the state log's disk, which outlives each life, and
+        # each life's store, replication and server.
+        self.statelog = MemLog(name) if world.replicated and not witness else None
+        self.state: NodeState | None = None
+        self.wall_offset = 0.0  # its wall clock minus true time (a clock-step fault moves it)
+        self.slow_disk_until = 0.0
+        self.fsyncs = 0  # in flight
 
     @property
     def alive(self) -> bool:
@@ -261,15 +273,33 @@ class Process:
     async def _life(self) -> None:
         with trio.CancelScope() as scope:
             self.scope = scope
+            CURRENT.set(self)  # replicas.py: whose clocks service.py reads
             self.runner = self._witness() if self.witness else self._appliance()
             self.world.network.endpoints[self.name] = self.runner
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.runner.run)
-                if not self.witness:
-                    nursery.start_soon(self._outward_effects)
-                    nursery.start_soon(self._forget_longer_lease)
+            if self.statelog is not None:
+                self.state = NodeState(self, self.world.links, self.world.seed_set.shell)
+            try:
+                async with trio.open_nursery() as nursery:
+                    if self.state is not None:
+                        nursery.start_soon(self.state.run, self.election, self.runner)
+                    nursery.start_soon(self.runner.run)
+                    if not self.witness:
+                        nursery.start_soon(self._outward_effects)
+                        nursery.start_soon(self._forget_longer_lease)
+            except* Exception as group:
+                self._crashed(group)
         if self.scope is scope:
             self.scope = None
+
+    def _crashed(self, group: BaseExceptionGroup) -> None:
+        """An exception escaped the real code: a violation, and the process dies."""
+        exc = group.exceptions[0]
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno} ({where.name})" if where else ""
+        self.world.checker.fail(f"{self.name} crashed: {type(exc).__name__}: {exc}{at}")
+        self.kill()
 
     def _witness(self) -> WitnessRunner:
         acceptors = AcceptorSet(self.timing.lease, self.clock.now())
@@ -288,11 +318,13 @@ class Process:
             witnesses=self.listed_witnesses or world.witnesses, now=self.clock.now(),
             known_epoch=disk.epoch, confirmed=disk.confirmed, restart_wait=restart_wait,
             incarnation=self.incarnation, rng=random.Random(world.rng.random()),
+            ineligible=disk.ineligible,
         )  # fmt: skip
         self._observe(election)
         return ElectionRunner(
             election, self._send, clock=self.clock, on_event=self._event,
             persist=self._persist, resume=self.gate, confirm=self._confirm,
+            persist_ineligible=self._persist_ineligible,
         )  # fmt: skip
 
     def _observe(self, election: Election) -> None:
@@ -313,6 +345,11 @@ class Process:
     def kill(self) -> None:
         self.world.note(f"kill {self.name}")
         self.world.network.endpoints.pop(self.name, None)
+        if self.state is not None:
+            if self.fsyncs:
+                self.world.checker.seen["kills during an fsync"] += 1
+            self.state.power_lost(self.world.rng)
+            self.state = None
         if self.scope is not None:
             self.scope.cancel()
             self.scope = None
@@ -380,6 +417,12 @@ class Process:
         self.disk.epoch = epoch
         await self.gate("persist")
 
+    async def _persist_ineligible(self, ineligible: frozenset[str]) -> None:
+        self.disk.ineligible = ineligible
+        if ineligible:
+            self.world.checker.seen["ineligibility declared (kept by an acceptor)"] += 1
+        await self.gate("persist")
+
     async def _confirm(self, digest: str) -> None:
         self.disk.confirmed = digest
         await self.gate("persist")
@@ -391,6 +434,8 @@ class Process:
             forced = self._round is not None and self._round.req in self.forced
             renewal = isinstance(event, Renewed)
             checker.granted(self, event.epoch, event.valid_until, renewal, forced)
+            if not renewal and self.state is not None:
+                checker.state.acquired(self, event.epoch, forced)
             self.fence.grant(event.valid_until, event.epoch)
             self._set_active(True)
         elif isinstance(event, Lost):
@@ -442,15 +487,21 @@ class World:
         timing: Timing,
         rates: list[float],
         faults: Faults,
+        replicated: bool = False,
     ) -> None:
-        """``rates``: the clock rates, appliances' first; ``faults``: the network when healed."""
+        """``rates``: the clock rates, appliances' first; ``faults``: the network when healed;
+        ``replicated``: appliances keep a replicated state log under a workload (replicas.py)."""
         self.seed = seed
         self.rng = random.Random(seed)
+        self.replicated = replicated
         self.timing = timing
         self.names = [f"a{i}" for i in range(appliances)]
         self.witnesses = [f"w{i}" for i in range(witnesses)]
         self.network = Network(self, faults)
         self.checker = Checker(self)
+        if replicated:
+            self.links = LinkNet(self, random.Random(self.rng.random()))
+            self.clients = Clients(self, random.Random(self.rng.random()))
         self.processes = {
             name: Process(self, name, name in self.witnesses, rate, timing)
             for name, rate in zip((*self.names, *self.witnesses), rates, strict=True)
