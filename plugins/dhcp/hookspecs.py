@@ -65,9 +65,12 @@ def dhcp_reply_options(request: Message, reply: Message, lease: Lease | None) ->
 
 @hookspec
 def dhcp_lease_committed(lease: Lease) -> None:
-    """A lease was granted or renewed and is durable; its ACK is being sent."""
+    """A lease was granted or renewed and its record committed in the state log (durable
+    here and acknowledged by the rack's standby); its ACK has been sent. Called once, on
+    the active appliance that granted it (a standby following the log is not told)."""
 
 
 @hookspec
 def dhcp_lease_released(lease: Lease) -> None:
-    """A client released or declined its address (``lease.state`` says which); durable."""
+    """A client released or declined its address (``lease.state`` says which); the record
+    committed. Called on the active appliance that wrote it."""

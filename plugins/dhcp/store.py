@@ -69,6 +69,9 @@ class LeaseStore:
         self.legacy: list[Lease] | None = None  # read at start, until imported
         self.legacy_report: dict[str, Any] = {}
         self._importing = False
+        # This node's own committed leases by LSN, until the changefeed applies them: the
+        # feed then takes the Lease object itself rather than decode the value again.
+        self._own: dict[int, Lease] = {}
         self.counters = {"appended": 0, "committed": 0, "abandoned": 0, "corrupt": 0,
                          "resets": 0}  # fmt: skip
 
@@ -84,7 +87,7 @@ class LeaseStore:
         last one committed, or ``on_abandoned()`` if the lease was lost first. Raises
         :class:`NotWriter` when this node may not write: the leases not appended are
         abandoned at once (those appended before it are told by their callbacks)."""
-        view, counters, append = self.view, self.counters, self.state.append
+        view, counters, append, own = self.view, self.counters, self.state.append, self._own
         last = len(leases) - 1
         for i, lease in enumerate(leases):
 
@@ -95,6 +98,7 @@ class LeaseStore:
                     if final and on_abandoned is not None:
                         _guarded(on_abandoned)
                     return
+                own[position.lsn] = lease
                 view.committed(lease, position.lsn)
                 counters["committed"] += 1
                 if final and on_durable is not None:
@@ -120,7 +124,7 @@ class LeaseStore:
         """Load, then apply every committed change of the namespace as it commits."""
         self.load()
         task_status.started()
-        table, view = self.table, self.view
+        table, view, own = self.table, self.view, self._own
         after = Position(table.epoch, table.lsn)
         async with aclosing(self._subscribe(NAMESPACE, after)) as changes:
             async for change in changes:
@@ -134,7 +138,11 @@ class LeaseStore:
                     if change.value is None:
                         table.remove(address_of(change.key))
                     else:
-                        table.apply(lease_from_state_untrusted(change.key, change.value))
+                        lease = own.pop(change.position.lsn, None)
+                        table.apply(
+                            lease if lease is not None
+                            else lease_from_state_untrusted(change.key, change.value)
+                        )  # fmt: skip
                 except CorruptRecord as exc:
                     self.counters["corrupt"] += 1
                     log.error("skipping an unreadable lease record", key=change.key[:32],
@@ -158,6 +166,8 @@ class LeaseStore:
         leases.sort(key=_written)
         self.table.reset(leases)
         self.table.epoch, self.table.lsn = position.epoch, position.lsn
+        for lsn in [lsn for lsn in self._own if lsn <= position.lsn]:
+            del self._own[lsn]
         self.view.caught_up()
 
     async def follow_servers(self, on_change: Callable[[dict[str, Any]], object]) -> None:

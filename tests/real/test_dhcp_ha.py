@@ -1,8 +1,9 @@
 """DHCP in a real rack (two appliances and a witness in namespaces, the VIP on the link:
 tests/support/ha_lab.py) with real clients, across a ``kill -9`` of the active:
 
-* clients are told the VIP as server identifier (and boot server), never an appliance's
-  own address, so renewals (unicast to it) reach whichever appliance holds it;
+* clients are told the VIP as server identifier, never an appliance's own address, and
+  every reply leaves from it, so renewals (unicast to it) reach whichever appliance
+  holds it;
 * the lease the active acknowledged is on the standby before the client hears of it;
 * after the failover the new active hands that address to nobody else (its pool cursor
   starts over, its table does not), and ACKs the original client's renewal at the VIP;
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.dhcplab import Dhclient, Udhcpc, wait_until
+from tests.support.dhcplab import Dhclient, Sniffer, Udhcpc, wait_until
 from tests.support.ha_lab import Rack
 from tests.support.netns import Lab, have_commands
 
@@ -44,6 +45,7 @@ def test_after_a_kill_9_the_new_active_keeps_the_lease_and_renews_it_at_the_vip(
 ) -> None:
     (first,) = rack.actives()
     second = "b" if first == "a" else "a"
+    sniff = Sniffer(rack.client, tmp_path)
     udhcpc = Udhcpc(rack.client, tmp_path / "udhcpc").start()
     try:
         bound = udhcpc.wait("bound", 20)
@@ -77,5 +79,12 @@ def test_after_a_kill_9_the_new_active_keeps_the_lease_and_renews_it_at_the_vip(
         wait_until(lambda: (on(rack.nodes[first], address) or {}).get("expires")
                    == lease["expires"], 20, "the old active to follow")  # fmt: skip
         assert rack.actives() == [second]
+        frames = sniff.frames()
+        replies = {f["src"] for f in frames if f["dir"] == "in" and f["sport"] == 67}
+        assert replies == {rack.vip}  # from whichever appliance held it, never another
+        renewals = [f for f in frames if f["dir"] == "out" and f["dport"] == 67
+                    and f["src"] == address]  # fmt: skip
+        assert renewals and {f["dst"] for f in renewals} == {rack.vip}
     finally:
         udhcpc.stop()
+        sniff.stop()
