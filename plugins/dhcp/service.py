@@ -26,6 +26,7 @@ number of sockets, and no address is offered unprobed for lack of one.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import time
@@ -203,10 +204,7 @@ class DhcpService:
                 address = "255.255.255.255"
             try:
                 if reply.source:
-                    cmsg = self._cmsgs.get(reply.source)
-                    if cmsg is None:
-                        cmsg = self._cmsgs[reply.source] = [source_cmsg(reply.source)]
-                    sock.sendmsg([reply.payload], cmsg, 0, (address, reply.port))
+                    self._send_from(sock, reply, address)
                 else:
                     sock.sendto(reply.payload, (address, reply.port))
             except OSError as exc:  # full buffer, unreachable relay: the client retries
@@ -214,6 +212,20 @@ class DhcpService:
                 continue
             self.metrics.sent(reply.kind)
         return True
+
+    def _send_from(self, sock: socket.socket, reply: Reply, address: str) -> None:
+        """Send from ``reply.source`` (the VIP). Just after the lease was granted the VIP
+        guard may not have added it yet (the kernel says EINVAL): the reply then leaves
+        from the interface's own address; it names the VIP all the same."""
+        cmsg = self._cmsgs.get(reply.source)
+        if cmsg is None:
+            cmsg = self._cmsgs[reply.source] = [source_cmsg(reply.source)]
+        try:
+            sock.sendmsg([reply.payload], cmsg, 0, (address, reply.port))
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.EADDRNOTAVAIL):
+                raise
+            sock.sendto(reply.payload, (address, reply.port))
 
     def _set_arp(self, sock: socket.socket, interface: str, address: str, hwaddr: bytes) -> bool:
         """Make ``address`` resolve to ``hwaddr``; False: broadcast this reply instead."""

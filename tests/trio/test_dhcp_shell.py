@@ -187,3 +187,25 @@ def test_replies_of_the_active_leave_from_the_vip_and_a_standbys_from_its_own_ad
     service._dispatch(data, ON_LINK, service.server.handle(data, ON_LINK, NOW))
     assert len(sock.sent) == 2 and len(sock.sources) == 1  # sendto: the kernel's choice
     assert parse_untrusted(sock.sent[1][0]).server_id == vip
+
+
+def test_a_reply_leaves_from_the_interface_while_the_vip_is_not_there_yet(
+    tmp_path, monkeypatch
+) -> None:
+    """Just after the lease is granted the VIP guard may not have added the VIP: the kernel
+    refuses it as a source (EINVAL) and the reply goes from the interface's address."""
+    from ipaddress import IPv4Address
+
+    service, sock, registry = make_service(tmp_path, vip=IPv4Address("192.0.2.5"))
+    monkeypatch.setattr(shell, "set_arp_entry", lambda *args: True)
+
+    def no_such_address(buffers, ancdata, flags, address):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    sock.sendmsg = no_such_address
+    data = message(MessageType.DISCOVER, mac(1))
+    service._dispatch(data, ON_LINK, service.server.handle(data, ON_LINK, NOW))
+    assert (
+        len(sock.sent) == 1 and parse_untrusted(sock.sent[0][0]).message_type is MessageType.OFFER
+    )
+    assert sample(registry, "rackboot_dhcp_sent_total", type="offer") == 1
