@@ -45,6 +45,7 @@ from appliance.ha.messages import (
 from appliance.ha.schema import Timing
 
 HOLDOFF_LEASES = 2.0  # after handing over, stay away this many lease periods
+HANDOVER_WAIT_LEASES = 10.0  # a hand-over asked by a lagging standby waits this long for it
 RETRY_JITTER = 0.01  # seconds: spreads candidates that were refused together
 
 
@@ -138,6 +139,7 @@ class Proposer(LeaseTimes):
         self.force_epoch = False  # the next round may pick an epoch without a remembering majority
         self.handover_wanted = False  # promoted: ask the holder we learn of to hand over
         self._handovers_seen: dict[str, int] = {}  # sender -> newest handover request id
+        self._handover_to: tuple[str, float] | None = None  # (asked by, wait until)
         self.woken = False
         self.ballot = 0
         self._req = (incarnation & 0x7FFFFFFF) << 32
@@ -286,6 +288,21 @@ class Proposer(LeaseTimes):
             return
         self._handovers_seen[sender] = message.req
         if self.holding(now) and message.epoch == self.epoch:
+            self._handover_to = (sender, now + HANDOVER_WAIT_LEASES * self.timing.lease)
+            self._maybe_hand_over(now)
+
+    def _maybe_hand_over(self, now: float) -> None:
+        """Release to the appliance that asked once the acceptors no longer hold it
+        ineligible (nor do we mean to): released earlier, it would be refused and the rack
+        left without a holder until someone took the lease again. A lagging standby
+        usually catches up within a renewal; one that does not in time is not waited for."""
+        if self._handover_to is None:
+            return
+        who, until = self._handover_to
+        if now > until or not self.holding(now):
+            self._handover_to = None
+        elif who not in self.granted_ineligible | self.wanted_ineligible:
+            self._handover_to = None
             self.holdoff_until = now + HOLDOFF_LEASES * self.timing.lease
             self._release(now, "handover")
 
@@ -370,6 +387,7 @@ class Proposer(LeaseTimes):
         self.events.append(
             Renewed(rnd.epoch, valid_until) if was_holding else Acquired(rnd.epoch, valid_until)
         )
+        self._maybe_hand_over(now)
 
     # -- failures ---------------------------------------------------------------
 

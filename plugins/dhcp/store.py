@@ -27,7 +27,7 @@ import os
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import trio
 
@@ -151,7 +151,7 @@ class LeaseStore:
                 view.caught_up()
 
     def _subscribe(self, ns: str, after: Position) -> AsyncGenerator[Change | Reset, None]:
-        return cast(AsyncGenerator[Change | Reset, None], self.state.subscribe(ns, after))
+        return self.state.subscribe(ns, after)
 
     def _reset(self, items: dict[str, Any], position: Position) -> None:
         leases = []

@@ -100,7 +100,24 @@ class Rack:
         for node in self.nodes.values():
             node.start(timeout=60)
         wait_until(lambda: len(self.actives()) == 1, 20, "one active", detail=self.logs)
+        wait_until(self.settled, 10, "the standby counted by the active", detail=self.logs)
         return self
+
+    def settled(self) -> bool:
+        """One active whose standby follows it with everything it wrote (its announcement
+        of its server identifiers included) and is not declared ineligible: only then may
+        the standby take over (docs/state.md, the commit rule)."""
+        actives = self.actives()
+        if len(actives) != 1:
+            return False
+        node = self.nodes[actives[0]]
+        ha, status = node.ha(), node.status()
+        state = status["core"]["state"]
+        followers = state.get("replication", {}).get("followers", {})
+        return bool(
+            ha and not ha.get("ineligible") and state["lsn"] >= 1 and len(followers) == 1
+            and all(f["counted"] and f["lag"] == 0 for f in followers.values())
+        )
 
     def actives(self) -> list[str]:
         return [n for n, node in self.nodes.items() if node.active()]

@@ -102,6 +102,41 @@ def test_promote_asks_the_holder_to_hand_over():
     assert net.holders() == [new]  # the old holder stays away
 
 
+def test_a_hand_over_to_a_standby_declared_ineligible_waits_until_it_counts_again():
+    """Released at once, the acceptors refused the lagging requester and the rack had no
+    holder until the old one took the lease again (2 s later, a new epoch)."""
+    net = started("a", "b")
+    old = net.holders()[0]
+    new = "b" if old == "a" else "a"
+    net.nodes[old].set_ineligible(frozenset({new}), net.now)
+    net.run_until(net.now + 0.3)
+    assert net.nodes[old].proposer.granted_ineligible == {new}
+    net.nodes[new].promote(net.now)
+    net._flush(new)
+    net.run_until(net.now + 1.0)
+    assert net.holders() == [old] and not net.losses()  # kept while the requester lags
+    net.nodes[old].set_ineligible(frozenset(), net.now)  # caught up
+    net._flush(old)
+    net.run_until(net.now + 0.3)
+    assert net.holders() == [new]
+    assert net.losses()[-1][1:] == (old, "handover")
+    assert [who for _, who, _ in net.acquisitions()] == [old, new]
+
+
+def test_a_hand_over_asked_by_a_standby_that_never_catches_up_is_dropped():
+    net = started("a", "b")
+    old = net.holders()[0]
+    new = "b" if old == "a" else "a"
+    net.nodes[old].set_ineligible(frozenset({new}), net.now)
+    net.run_until(net.now + 0.3)
+    net.nodes[new].promote(net.now)
+    net._flush(new)
+    net.run_until(net.now + 12.0)  # past the wait (10 leases)
+    net.nodes[old].set_ineligible(frozenset(), net.now)
+    net.run_until(net.now + 1.0)
+    assert net.holders() == [old] and not net.losses()
+
+
 def test_a_node_in_maintenance_never_takes_the_lease_and_a_holder_going_in_hands_over():
     net = Net()
     net.rack("a", "b")
