@@ -460,6 +460,7 @@ async def test_fail_back_the_old_active_cuts_its_tail_follows_and_takes_the_leas
             assert rack.actives() == [b]
             assert first.state.tables.data == second.state.tables.data
             assert all(first.state.get("ns", f"lost{n}") is None for n in range(3))
+            assert first.state.base == 50  # its log rewritten up to the cut, then fed by records
             holds(first.state, "ns", acked)
 
             first.ha.promote({})  # fail-back: B hands the lease over
