@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 ALL_SERVERS = ("kea", "dnsmasq", "dnsmasq-ping", "rackboot")
 DEFAULT_SERVERS = ("kea", "dnsmasq", "rackboot")
+HA_SERVERS = ("kea-ha", "rackboot-ha")  # --ha: Kea's hot-standby pair, a Rackboot rack
+HA_TARGET = 2.0  # the rack's sustained rate, at least this many times the Kea pair's
 PERF_SLACK = 60.0  # perfdhcp gets duration + this before it is killed
 QUIET_RETRIES = 2  # with --wait-quiet: redo a run that shared the CPU, at most this often
 BUSY_WARN_PCT = 10.0  # warn when others keep the machine this busy (% of all CPUs)
@@ -50,10 +52,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "same namespace lab, same CPU placement, one after the other.",
     )
     p.add_argument(
+        "--ha",
+        action="store_true",
+        help="replicating pairs instead of single servers: Kea's hot-standby pair "
+        "(libdhcp_ha.so + kea-ctrl-agent) vs a Rackboot rack (two appliances + witness, "
+        "[ha] with a VIP, the state log replicated); every server process on --server-cpu; "
+        "after each Rackboot run the standby's leases are checked against the active's",
+    )
+    p.add_argument(
         "--servers",
-        default=",".join(DEFAULT_SERVERS),
+        default=None,
         help="comma-separated, in run order, from: kea, dnsmasq (with no-ping), dnsmasq-ping "
-        "(as shipped: ping check before each offer), rackboot (default kea,dnsmasq,rackboot)",
+        "(as shipped: ping check before each offer), rackboot (default kea,dnsmasq,rackboot); "
+        "with --ha from kea-ha, rackboot-ha (default both)",
     )
     p.add_argument("--repeats", type=int, default=None, help="confirmation runs (default 3)")
     p.add_argument(
@@ -141,10 +152,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
 
+    allowed = HA_SERVERS if args.ha else ALL_SERVERS
+    if args.servers is None:
+        args.servers = ",".join(HA_SERVERS if args.ha else DEFAULT_SERVERS)
     args.server_list = [s.strip() for s in args.servers.split(",") if s.strip()]
-    unknown = [s for s in args.server_list if s not in ALL_SERVERS]
+    unknown = [s for s in args.server_list if s not in allowed]
     if unknown or not args.server_list:
-        p.error(f"--servers: unknown {unknown}; choose from {', '.join(ALL_SERVERS)}")
+        p.error(
+            f"--servers: unknown {unknown}; choose from {', '.join(allowed)}"
+            + ("" if args.ha else " (kea-ha, rackboot-ha need --ha)")
+        )
     if args.rates.strip() == "search":
         args.sweep = None
     else:
@@ -207,10 +224,12 @@ class Bench:
             argv = perfdhcp_argv(self.cli.ifname, rate, a.clients, a.duration, extra=a.perfdhcp_arg)
             argv = ["taskset", "-c", a.client_cpu, *argv]
             others = system.OtherCPU(self.lab.namespaces)
-            if a.profile == "py-spy" and server.name == "rackboot":
+            pid = server.profile_pid()
+            if a.profile == "py-spy" and server.profilable and pid is not None:
                 spy_out = self.profile_dir / f"{server.name}-{rate}-{server.starts}.txt"
-                spy = profile.start_py_spy(server.proc.pid, a.duration, spy_out)
+                spy = profile.start_py_spy(pid, a.duration, spy_out)
             others.start()
+            server.load_started()
             cpu0, child0 = server.cpu_seconds(), _children_cpu()
             try:
                 res = self.cli.run(argv, timeout=a.duration + PERF_SLACK)
@@ -223,8 +242,9 @@ class Bench:
             if cpu0 is not None and cpu1 is not None:
                 result.server_cpu_s = round(cpu1 - cpu0, 3)
             result.client_cpu_s = round(child1 - child0, 3)
-            if server.proc is not None and server.proc.poll() is not None and not result.error:
-                result.error = f"{server.name} exited ({server.proc.returncode}) during the run"
+            exited = server.exited()
+            if exited and not result.error:
+                result.error = exited
             elif not result.error:
                 result.server_stats = server.after_run(self.srv)
             if spy is not None:
@@ -235,7 +255,7 @@ class Bench:
             if spy is not None and spy.poll() is None:
                 _finish(spy, 0)
             server.stop()  # cProfile writes its file as the node exits
-        if a.profile == "cprofile" and server.name == "rackboot":
+        if a.profile == "cprofile" and server.name == "rackboot":  # cProfile: the single node
             pstats_file = server.pstats_path(server.starts)
             if pstats_file.exists():
                 kept = self.profile_dir / f"{server.name}-{rate}-{server.starts}.pstats"
@@ -372,11 +392,14 @@ def fmt_rate(value: float | None) -> str:
 
 
 def table(reports: list[ServerReport], args: argparse.Namespace) -> str:
-    kea = next((r for r in reports if r.name == "kea" and r.status == "ok"), None)
+    reference = "kea-ha" if args.ha else "kea"
+    kea = next((r for r in reports if r.name == reference and r.status == "ok"), None)
     head = (
         f"{'server':<12} {'sustained offered/s':>20} {'median achieved/s':>18} "
         f"{'median loss':>11} {'vs Kea':>8} {'cpu µs/DORA':>12}  runs at that rate (loss %)"
     )
+    if args.ha:
+        head = head.replace("vs Kea", "vs pair").replace("server      ", "side        ")
     lines = [head, "-" * len(head)]
     for r in reports:
         if r.status != "ok":
@@ -429,9 +452,69 @@ def table(reports: list[ServerReport], args: argparse.Namespace) -> str:
     return "\n".join(lines + [f"note: {n}" for n in notes])
 
 
+def replication_problems(rep: ServerReport) -> list[str]:
+    """The runs of a rack whose standby did not hold every lease the active committed."""
+    out = []
+    for run in rep.screening + rep.confirm:
+        repl = (run.get("server_stats") or {}).get("replication")
+        if repl is not None and not repl.get("ok"):
+            out.append(f"{run['offered']}/s: {repl.get('problem')}")
+    return out
+
+
+def ha_summary(reports: list[ServerReport]) -> str:
+    """--ha: the ratio against the target, CPU per exchange by process, the standby check."""
+    by_name = {r.name: r for r in reports}
+    kea, rack = by_name.get("kea-ha"), by_name.get("rackboot-ha")
+    lines = ["", "## replicating pairs"]
+    if kea and rack and kea.status == rack.status == "ok" and kea.sustained:
+        ratio = rack.sustained / kea.sustained
+        verdict = "MET" if ratio >= HA_TARGET else "NOT MET"
+        lines.append(
+            f"rackboot-ha {rack.sustained:,}/s vs kea-ha {kea.sustained:,}/s: {ratio:.2f}x "
+            f"(target >= {HA_TARGET:g}x: {verdict})"
+        )
+    for r in (kea, rack):
+        if r is None or r.status != "ok":
+            continue
+        runs = [c for c in r.confirm if c["offered"] == r.sustained]
+        per: dict[str, list[float]] = {}
+        for c in runs:
+            done = c["ra"]["received"]
+            for name, seconds in (c.get("server_stats") or {}).get("cpu_s", {}).items():
+                if seconds is not None and done > 0:
+                    per.setdefault(name, []).append(1e6 * seconds / done)
+        costs = [c["cpu_us_per_dora"] for c in runs if c.get("cpu_us_per_dora") is not None]
+        if costs:
+            parts = ", ".join(f"{n} {median(v):,.0f}" for n, v in sorted(per.items()))
+            lines.append(
+                f"{r.name} server CPU per DORA at {r.sustained:,}/s: {median(costs):,.0f} µs "
+                f"({parts})"
+            )
+    if rack is not None:
+        runs = rack.screening + rack.confirm
+        checked = [c for c in runs if (c.get("server_stats") or {}).get("replication")]
+        bad = replication_problems(rack)
+        if bad:
+            lines.append(
+                f"!!! STANDBY MISMATCH in {len(bad)} of {len(checked)} rackboot-ha runs: "
+                + " | ".join(bad)
+            )
+        elif checked:
+            total = sum(c["server_stats"]["replication"]["active_leases"] for c in checked)
+            lines.append(
+                f"standby check: in all {len(checked)} rackboot-ha runs the standby held every "
+                f"lease the active committed ({total:,} in all), and was never seen declared "
+                "ineligible"
+            )
+        else:
+            lines.append("standby check: no rackboot-ha run completed, nothing was checked")
+    return "\n".join(lines)
+
+
 def profile_report(reports: list[ServerReport], kind: str, directory: Path) -> str:
     """Where Rackboot's time went: the runs at its sustained rate, else every run."""
-    rep = next((r for r in reports if r.name == "rackboot"), None)
+    rep = next((r for r in reports if r.name in ("rackboot", "rackboot-ha")), None)
     if rep is None:
         return ""
     runs = rep.screening + rep.confirm
@@ -487,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
 
     if args.profile is not None:
-        if "rackboot" not in args.server_list:
+        if not {"rackboot", "rackboot-ha"} & set(args.server_list):
             print("bench.dhcp: --profile profiles Rackboot: add it to --servers", file=sys.stderr)
             return 2
         why = profile.py_spy_available() if args.profile == "py-spy" else None
@@ -521,12 +604,30 @@ def main(argv: list[str] | None = None) -> int:
     lab = None
     try:
         with system.LowLatency(args.lowlat) as lowlat:
-            lab = Lab(prefix="rbb")
-            subnet = Subnet.for_second_octet(lab.network.network_address.packed[1])
-            srv = lab.add_host("srv", f"{subnet.server}/{subnet.network.prefixlen}")
-            cli = lab.add_host("cli", f"{subnet.client}/{subnet.network.prefixlen}")
+            makers: dict[str, Any] = {}
+            options: dict[str, Any] = {}
+            if args.ha:
+                from bench.dhcp.ha import BenchRack, KeaHA, RackHA, ha_lab
+
+                lab, subnet = ha_lab()
+                rack = BenchRack(lab, workdir / "rack", subnet)  # hosts a, b, w and c
+                srv, cli = rack.hosts["a"], rack.client
+                makers = {
+                    "kea-ha": lambda: KeaHA(workdir, subnet, args.server_cpu, options, rack.hosts),
+                    "rackboot-ha": lambda: RackHA(workdir, subnet, args.server_cpu, options, rack),
+                }
+            else:
+                lab = Lab(prefix="rbb")
+                subnet = Subnet.for_second_octet(lab.network.network_address.packed[1])
+                srv = lab.add_host("srv", f"{subnet.server}/{subnet.network.prefixlen}")
+                cli = lab.add_host("cli", f"{subnet.client}/{subnet.network.prefixlen}")
+                makers = {
+                    name: (lambda cls=cls: cls(workdir, subnet, args.server_cpu, options))
+                    for name, cls in SERVERS.items()
+                }
             env = system.environment(args.server_list, lowlat.label)
             settings = {
+                "ha": args.ha,
                 "servers": args.server_list,
                 "repeats": args.repeats,
                 "duration_s": args.duration,
@@ -556,15 +657,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"< {LOSS_LIMIT_PCT:g} % loss, median of {args.repeats} x {args.duration:g} s"
             )
             say("env: " + "  ".join(f"{k}={v}" for k, v in env.items()))
-            say(
-                f"lab: server {subnet.server} ({srv.ifname}, taskset -c {args.server_cpu}), "
-                f"perfdhcp {subnet.client} ({cli.ifname}, taskset -c {args.client_cpu}), "
-                f"{args.clients} clients, pool {subnet.pool_start}-{subnet.pool_end} "
-                f"({subnet.pool_size}), work dir {workdir}"
-            )
-            options: dict[str, Any] = {}
+            if args.ha:
+                settings["vip"] = rack.vip
+                say(
+                    f"lab: rack appliances a {rack.hosts['a'].addr}, b {rack.hosts['b'].addr} "
+                    f"(VIP {rack.vip}), witness {rack.hosts['w'].addr}; the Kea pair on the "
+                    f"same two hosts; every server process taskset -c {args.server_cpu}; "
+                    f"perfdhcp {cli.addr} ({cli.ifname}, broadcast, taskset -c "
+                    f"{args.client_cpu}), {args.clients} clients, pool {subnet.pool_start}-"
+                    f"{subnet.pool_end} ({subnet.pool_size}), work dir {workdir}"
+                )
+            else:
+                say(
+                    f"lab: server {subnet.server} ({srv.ifname}, taskset -c {args.server_cpu}), "
+                    f"perfdhcp {subnet.client} ({cli.ifname}, taskset -c {args.client_cpu}), "
+                    f"{args.clients} clients, pool {subnet.pool_start}-{subnet.pool_end} "
+                    f"({subnet.pool_size}), work dir {workdir}"
+                )
             for name in args.server_list:
-                server = SERVERS[name](workdir, subnet, args.server_cpu, options)
+                server = makers[name]()
                 bench = Bench(args, lab, srv, cli, subnet, workdir, profile_dir)
                 reports.append(bench.bench(server))
             total = time.monotonic() - started
@@ -575,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"lowlat {lowlat.label}"
             )
             say(table(reports, args))
+            if args.ha:
+                say(ha_summary(reports))
             say(f"(total {total / 60:.1f} min)")
             if args.profile is not None:
                 say(profile_report(reports, args.profile, profile_dir))
@@ -601,4 +714,5 @@ def main(argv: list[str] | None = None) -> int:
             say(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    return 0 if all(r.status in ("ok", "unavailable") for r in reports) else 1
+    ok = all(r.status in ("ok", "unavailable") for r in reports)
+    return 0 if ok and not any(replication_problems(r) for r in reports) else 1

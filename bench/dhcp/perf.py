@@ -119,6 +119,12 @@ class PerfResult:
         journal = self.server_stats.get("journal") or {}
         if journal.get("batches"):
             cpu += f"  fsync batches {journal['batches']} ({journal['records'] / journal['batches']:.1f} rec)"
+        repl = self.server_stats.get("replication")
+        if repl is not None:
+            if repl.get("ok"):
+                cpu += f"  standby has all {repl.get('active_leases')} leases"
+            else:
+                cpu += f"  !!! STANDBY MISMATCH: {repl.get('problem')}"
         return (
             f"offered {self.offered:>6}/s  achieved {self.achieved:>9.1f}/s  "
             f"DO {self.do.sent}/{self.do.received}  RA {self.ra.sent}/{self.ra.received}  "

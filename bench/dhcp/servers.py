@@ -82,6 +82,7 @@ class Server:
 
     name = "?"
     ready_timeout = 15.0
+    profilable = False  # --profile samples it (Rackboot)
 
     def __init__(self, workdir: Path, subnet: Subnet, cpu: str, options: dict[str, Any]) -> None:
         self.dir = workdir / self.name
@@ -111,6 +112,19 @@ class Server:
     def after_run(self, srv: Host) -> dict[str, Any]:
         """Server-specific counters read after the load, before the server stops."""
         return {}
+
+    def load_started(self) -> None:
+        """Called just before perfdhcp starts (a grouped server takes its baselines)."""
+
+    def exited(self) -> str | None:
+        """Why the run is void because the server went away during it, or None."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"{self.name} exited ({self.proc.returncode}) during the run"
+        return None
+
+    def profile_pid(self) -> int | None:
+        """The process ``--profile py-spy`` samples."""
+        return None if self.proc is None else self.proc.pid
 
     def cpu_seconds(self) -> float | None:
         """CPU time (user + system, all threads) the running server has used so far."""
@@ -337,6 +351,7 @@ class Rackboot(Server):
 
     name = "rackboot"
     ready_timeout = 30.0
+    profilable = True
     no_service_grace = 5.0  # node answers, but no dhcp service shows up: plugin missing
 
     @property

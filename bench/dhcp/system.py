@@ -21,6 +21,9 @@ SERVER_PACKAGES = {
     "dnsmasq": ["dnsmasq-base"],
     "dnsmasq-ping": ["dnsmasq-base"],
     "rackboot": [],
+    # --ha: the hot-standby pair talks through the control agents; curl asks them the state
+    "kea-ha": ["kea-dhcp4-server", "kea-ctrl-agent", "curl"],
+    "rackboot-ha": [],
 }
 
 
@@ -97,13 +100,13 @@ def versions(servers: Iterable[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     out["perfdhcp"] = _first_line(["perfdhcp", "-v"]).replace("VERSION:", "").strip()
     wanted = set(servers)
-    if "kea" in wanted:
+    if wanted & {"kea", "kea-ha"}:
         out["kea"] = _first_line(["kea-dhcp4", "-v"])
     if wanted & {"dnsmasq", "dnsmasq-ping"}:
         line = _first_line(["dnsmasq", "--version"])  # "Dnsmasq version 2.90  Copyright ..."
         parts = line.split()
         out["dnsmasq"] = parts[2] if len(parts) > 2 and parts[1] == "version" else line
-    if "rackboot" in wanted:
+    if wanted & {"rackboot", "rackboot-ha"}:
         out["rackboot"] = (
             _first_line([sys.executable, "-m", "appliance", "version"])
             .replace("rackboot", "")
