@@ -30,6 +30,7 @@ Needs root (namespaces).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
@@ -39,12 +40,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from appliance import control
 from appliance.errors import RackbootError
-from tests.support.dhcplab import wait_until
+from tests.support.dhcplab import Timeout, wait_until
 from tests.support.ha_lab import PORT, Rack
 from tests.support.netns import Lab, need_root, probe_netns
 
@@ -74,15 +76,37 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def offers(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+class Events:
+    """The JSON lines a probe appends to ``path``, read incrementally (a poll reads only
+    what was added since the last one)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self.events: list[dict] = []
+
+    def __call__(self) -> list[dict]:
+        if self.path.exists():
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+            self.offset += len(data)
+            lines = (self.partial + data).split(b"\n")
+            self.partial = lines.pop()
+            self.events += [json.loads(line) for line in lines if line.strip()]
+        return self.events
+
+    def since(self, t: float) -> list[dict]:
+        """The events after ``t`` (one writer per file, which stamps them in order)."""
+        events = self()
+        return events[bisect.bisect_right(events, t, key=lambda e: e["t"]) :]
 
 
 def settle(rack: Rack, timeout: float = 30.0) -> str:
-    """Both appliances up, one active; returns the active's name."""
-    wait_until(lambda: len(rack.actives()) == 1, timeout, "one active", detail=rack.logs)
+    """One active whose standby follows it and counts (only then may the standby take
+    over: docs/state.md); returns the active's name."""
+    wait_until(rack.settled, timeout, "one active, its standby counted", detail=rack.logs)
     return rack.actives()[0]
 
 
@@ -91,23 +115,91 @@ def restart(rack: Rack, name: str, lease: float) -> None:
     time.sleep(lease * 1.5)  # its acceptor's restart wait: it votes again after a lease
 
 
-def kill_with_traffic(rack: Rack, events: Path, renew: float, lease: float, rng) -> float:
+@dataclass
+class Trial:
+    """One kill with traffic, as the probes saw it (times from the kill, seconds)."""
+
+    offer: float  # the first OFFER from the new active (the relay-style DORA probe)
+    renewal: float | None  # the first ACK of a renewal from the new active; None: none
+    arp: float | None  # the first renewal frame addressed to the new active's MAC
+    last_renewal_before: float | None  # the last renewal sent before the kill, how long before
+    lost: int  # renewals sent in the second before the kill never answered
+    naks: list[dict] = field(default_factory=list)  # renewals NAKed after the kill
+    moved: list[dict] = field(default_factory=list)  # renewal ACKs with another address
+
+    def line(self) -> str:
+        text = f"OFFER {self.offer:.3f} s"
+        if self.renewal is not None or self.arp is not None:
+            renewal = "none" if self.renewal is None else f"{self.renewal:.3f} s"
+            arp = "never" if self.arp is None else f"{self.arp:.3f} s"
+            text += (f", renewal ACK {renewal} (ARP to the new active {arp}, "
+                     f"{self.lost} renewal(s) lost to the kill)")  # fmt: skip
+        if self.naks or self.moved:
+            text += f", FAILURES: {len(self.naks)} NAK(s), {len(self.moved)} moved"
+        return text
+
+
+def renewal_view(renewals: Events, killed: float, new_mac: str, wait: float) -> dict:
+    """The renewing clients' view of one kill: wait (up to ``wait``) for a renewal ACKed by
+    the new active, then read what happened to each renewal around the kill."""
+
+    def first_ack() -> float | None:
+        for event in renewals.since(killed):
+            if event["type"] == "ack" and event["renewal"] and event["mac"] == new_mac:
+                return event["t"]
+        return None
+
+    try:
+        at = wait_until(first_ack, wait, "a renewal ACKed by the new active")
+    except Timeout:
+        at = None
+    time.sleep(0.3)  # answers to renewals sent just before, NAKs included
+    window = renewals.since(killed - 1.0)
+    sent = {e["xid"]: e for e in window if e["type"] == "renew"}
+    answered = {e["xid"] for e in window if e["type"] in ("ack", "nak") and e["renewal"]}
+    before = [e for e in sent.values() if e["t"] <= killed]
+    after = [e for e in window if e["t"] > killed]
+    return {
+        "renewal": None if at is None else at - killed,
+        "arp": next(
+            (e["t"] - killed for e in after if e["type"] == "wire" and e["dst_mac"] == new_mac),
+            None,
+        ),  # fmt: skip
+        "last_renewal_before": killed - before[-1]["t"] if before else None,
+        "lost": sum(1 for e in before if e["xid"] not in answered),
+        "naks": [e for e in after if e["type"] == "nak" and e["renewal"]],
+        "moved": [
+            e
+            for e in after
+            if e["type"] == "ack"
+            and e["renewal"]
+            and e["xid"] in sent
+            and e["yiaddr"] != sent[e["xid"]]["addr"]
+        ],  # fmt: skip
+    }
+
+
+def kill_with_traffic(rack: Rack, probe: Events, renewals: Events | None, renew: float,
+                      lease: float, rng) -> Trial:  # fmt: skip
     active = settle(rack)
     new = other(active)
-    new_id = rack.hosts[new].addr
+    new_mac = rack.hosts[new].mac  # both answer with the VIP: the Ethernet source tells
     time.sleep(rng.uniform(0.5, 0.5 + 4 * renew))  # a random phase of the renewal cycle
     killed = time.monotonic()
     rack.nodes[active].kill9()
 
     def first_offer() -> float | None:
-        for event in offers(events):
-            if event["type"] == "offer" and event["server"] == new_id and event["t"] > killed:
+        for event in probe.since(killed):
+            if event["type"] == "offer" and event["mac"] == new_mac:
                 return event["t"]
         return None
 
     at = wait_until(first_offer, 15, f"an OFFER from {new}", detail=rack.logs)
+    view = {"renewal": None, "arp": None, "last_renewal_before": None, "lost": 0}
+    if renewals is not None:
+        view = renewal_view(renewals, killed, new_mac, 10.0)
     restart(rack, active, lease)
-    return at - killed
+    return Trial(offer=at - killed, **view)
 
 
 def kill_quiet(rack: Rack, lease: float, rng) -> float:
@@ -131,8 +223,8 @@ def kill_quiet(rack: Rack, lease: float, rng) -> float:
     return gap
 
 
-def kill_under_flood(rack: Rack, attacker, ca: Path, rate: float, events: Path, renew: float,
-                     lease: float, rng) -> float:  # fmt: skip
+def kill_under_flood(rack: Rack, attacker, ca: Path, rate: float, probe: Events,
+                     renewals: Events | None, renew: float, lease: float, rng) -> Trial:  # fmt: skip
     targets = ",".join(f"{rack.hosts[n].addr}:{PORT}" for n in ("a", "b", "w"))
     flood = attacker.popen(
         [sys.executable, "-m", "tests.support.ha_flood", "--targets", targets, "--rate",
@@ -142,7 +234,7 @@ def kill_under_flood(rack: Rack, attacker, ca: Path, rate: float, events: Path, 
     )  # fmt: skip
     try:
         time.sleep(1.0)
-        return kill_with_traffic(rack, events, renew, lease, rng)
+        return kill_with_traffic(rack, probe, renewals, renew, lease, rng)
     finally:
         flood.wait(timeout=60)
 
@@ -153,16 +245,13 @@ def run_kea(rack: Rack, lab: Lab, tmp: Path, kills: int, rng) -> list[float]:
         return []
     from bench.failover.kea import KeaPair, kill_trial
 
-    events = tmp / "probe-kea.jsonl"
-    probe = rack.client.popen(
-        [sys.executable, "-m", "bench.failover.probe", rack.client.addr, str(events)],
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    standby = rack.hosts["b"].addr
+    events = Events(tmp / "probe-kea.jsonl")
+    probe = start_probe(rack, events.path)
+    standby = rack.hosts["b"].mac
 
     def first_offer_after(killed: float) -> float | None:
-        for event in offers(events):
-            if event["type"] == "offer" and event["server"] == standby and event["t"] > killed:
+        for event in events.since(killed):
+            if event["type"] == "offer" and event["mac"] == standby:
                 return event["t"]
         return None
 
@@ -180,16 +269,87 @@ def run_kea(rack: Rack, lab: Lab, tmp: Path, kills: int, rng) -> list[float]:
     return gaps
 
 
+ROOT = Path(__file__).resolve().parents[2]
+RENEWERS = 4  # clients renewing in rotation (bench/failover/renew.py): one every 25 ms
+
+
+def start_probe(rack: Rack, path: Path) -> subprocess.Popen:
+    return rack.client.popen(
+        [sys.executable, "-m", "bench.failover.probe", rack.client.addr, rack.client.ifname,
+         str(path)], cwd=ROOT,
+    )  # fmt: skip
+
+
+def start_renewers(lab: Lab, path: Path, count: int) -> subprocess.Popen:
+    """``count`` bare client namespaces with their own MACs, and the process renewing for
+    them (it runs in this namespace and opens each client's sockets in the client's)."""
+    specs = []
+    for i in range(count):
+        host = lab.add_host(f"r{i}", bare=True, mac=f"02:fb:00:00:00:{i:02x}")
+        specs.append(f"{host.ns}:{host.ifname}:{host.mac}")
+    return subprocess.Popen([sys.executable, "-m", "bench.failover.renew", str(path), *specs],
+                            cwd=ROOT)  # fmt: skip
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def renewal_totals(renewals: Events, macs: dict[str, str]) -> dict:
+    """Every renewal of the run: sent, answered by whom, NAKed, moved to another address."""
+    events = renewals()
+    sent = {e["xid"]: e for e in events if e["type"] == "renew"}
+    acks = [e for e in events if e["type"] == "ack" and e["renewal"]]
+    by_mac = {mac: name for name, mac in macs.items()}
+    return {
+        "sent": len(sent),
+        "acked": len(acks),
+        "acked_by": {name: sum(1 for e in acks if e["mac"] == mac) for name, mac in macs.items()},
+        "acked_by_other": sum(1 for e in acks if e["mac"] not in by_mac),
+        "naks": [e for e in events if e["type"] == "nak" and e["renewal"]],
+        "moved": [e for e in acks if e["xid"] in sent and e["yiaddr"] != sent[e["xid"]]["addr"]],
+        "send_errors": sum(1 for e in events if e["type"] == "send-error"),
+    }
+
+
+def keep_logs(rack: Rack, tmp: Path, into: Path) -> None:
+    into.mkdir(parents=True, exist_ok=True)
+    for name, node in rack.nodes.items():
+        if node.log.exists():
+            (into / f"{name}.log").write_text(node.log.read_text(errors="replace"))
+    if rack.witness_log.exists():
+        (into / "w.log").write_text(rack.witness_log.read_text(errors="replace"))
+    for path in tmp.glob("*.jsonl"):
+        (into / path.name).write_bytes(path.read_bytes())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.failover")
     parser.add_argument("--kills", type=int, default=20, help="kills with client traffic")
     parser.add_argument("--quiet-kills", type=int, default=10, help="kills without traffic")
-    parser.add_argument("--flood-kills", type=int, default=10,
-                        help="kills with traffic under a junk flood on the election ports")
-    parser.add_argument("--flood-rate", type=float, default=6000.0,
-                        help="junk datagrams per second over the three election ports")
+    parser.add_argument(
+        "--flood-kills",
+        type=int,
+        default=10,
+        help="kills with traffic under a junk flood on the election ports",
+    )
+    parser.add_argument(
+        "--flood-rate",
+        type=float,
+        default=6000.0,
+        help="junk datagrams per second over the three election ports",
+    )
     parser.add_argument("--kea-kills", type=int, default=11, help="Kea hot-standby kills (0: none)")
+    parser.add_argument(
+        "--renewers",
+        type=int,
+        default=RENEWERS,
+        help="clients renewing through the VIP in rotation (0: none)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seeds the kill phases")
+    parser.add_argument("--keep", type=Path, help="copy the nodes' logs and probe events here")
     args = parser.parse_args(argv)
     reason = need_root() or probe_netns()
     if reason:
@@ -197,62 +357,99 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rng = random.Random(args.seed)
     lease, renew = 1.0, 0.25  # the [ha] defaults the rack runs with
+    traffic: list[Trial] = []
+    flooded: list[Trial] = []
+    quiet: list[float] = []
+    totals = None
     with Lab(prefix="rbf", lowlat=True) as lab, tempfile.TemporaryDirectory() as tmp:
         rack = Rack(lab, Path(tmp), client_addr=True)
+        probe = renewer = None
         try:
             rack.start()
-            events = Path(tmp) / "probe.jsonl"
-            probe = rack.client.popen(
-                [sys.executable, "-m", "bench.failover.probe", rack.client.addr, str(events)],
-                cwd=Path(__file__).resolve().parents[2],
-            )
-            traffic = []
+            macs = {n: rack.hosts[n].mac for n in ("a", "b")}
+            events = Events(Path(tmp) / "probe.jsonl")
+            probe = start_probe(rack, events.path)
+            renewals = None
+            if args.renewers:
+                renewals = Events(Path(tmp) / "renew.jsonl")
+                renewer = start_renewers(lab, renewals.path, args.renewers)
+                wait_until(
+                    lambda: len({e["client"] for e in renewals()
+                                 if e["type"] == "ack" and e["renewal"]}) == args.renewers,
+                    30, "every renewing client bound and renewing",
+                )  # fmt: skip
             for i in range(args.kills):
-                traffic.append(kill_with_traffic(rack, events, renew, lease, rng))
-                print(f"kill {i + 1}/{args.kills} with traffic: {traffic[-1]:.3f} s", flush=True)
-            flooded = []
+                traffic.append(kill_with_traffic(rack, events, renewals, renew, lease, rng))
+                print(f"kill {i + 1}/{args.kills} with traffic: {traffic[-1].line()}", flush=True)
             attacker = lab.add_host("x") if args.flood_kills else None
             ca = next((Path(tmp) / "a").rglob("ca.crt"))
             for i in range(args.flood_kills):
                 flooded.append(kill_under_flood(rack, attacker, ca, args.flood_rate, events,
-                                                renew, lease, rng))  # fmt: skip
-                print(f"kill {i + 1}/{args.flood_kills} under a flood: {flooded[-1]:.3f} s",
+                                                renewals, renew, lease, rng))  # fmt: skip
+                print(f"kill {i + 1}/{args.flood_kills} under a flood: {flooded[-1].line()}",
                       flush=True)  # fmt: skip
-            probe.terminate()
-            probe.wait(timeout=10)
+            stop(probe)
+            stop(renewer)
+            if renewals is not None:
+                totals = renewal_totals(renewals, macs)
             quiet = []
             for i in range(args.quiet_kills):
                 quiet.append(kill_quiet(rack, lease, rng))
                 print(f"kill {i + 1}/{args.quiet_kills} without traffic: {quiet[-1]:.3f} s",
                       flush=True)  # fmt: skip
         finally:
+            stop(probe)
+            stop(renewer)
             rack.close()
+            if args.keep:
+                keep_logs(rack, Path(tmp), args.keep)
         kea = run_kea(rack, lab, Path(tmp), args.kea_kills, rng)
+    offer_gaps = [t.offer for t in traffic]
+    renewal_gaps = [t.renewal for t in traffic if t.renewal is not None]
+    flood_offer = [t.offer for t in flooded]
+    flood_renewal = [t.renewal for t in flooded if t.renewal is not None]
     result = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "settings": {"lease": lease, "renew": renew, "margin": 0.15, "probe_period": 0.05},
-        "with_traffic_kill_to_first_offer_s": summary(traffic),
+        "settings": {"lease": lease, "renew": renew, "margin": 0.15, "probe_period": 0.05,
+                     "renewers": args.renewers, "renewal_period": 0.1},  # fmt: skip
+        "with_traffic_kill_to_first_offer_s": summary(offer_gaps),
+        "with_traffic_kill_to_first_renewal_ack_s": summary(renewal_gaps) if renewal_gaps else None,
+        "renewals_without_ack_from_new_active": sum(1 for t in traffic + flooded
+                                                    if args.renewers and t.renewal is None),
         "without_traffic_kill_to_active_s": summary(quiet) if quiet else None,
-        "under_flood_kill_to_first_offer_s": summary(flooded) if flooded else None,
+        "under_flood_kill_to_first_offer_s": summary(flood_offer) if flooded else None,
+        "under_flood_kill_to_first_renewal_ack_s": summary(flood_renewal) if flood_renewal else None,
         "flood_rate": args.flood_rate,
-        "raw": {"with_traffic": traffic, "without_traffic": quiet, "under_flood": flooded,
-                "kea": kea},
+        "renewal_totals": totals,
+        "trials": {"with_traffic": [asdict(t) for t in traffic],
+                   "under_flood": [asdict(t) for t in flooded]},
+        "raw": {"with_traffic": offer_gaps, "with_traffic_renewal": renewal_gaps,
+                "without_traffic": quiet, "under_flood": flood_offer,
+                "under_flood_renewal": flood_renewal, "kea": kea},
         "kea_aggressive_kill_to_first_offer_s": summary(kea) if kea else None,
         "kea_reference_not_this_run": KEA_REFERENCE,
-    }
+    }  # fmt: skip
     print()
-    print(f"{'':38} {'n':>3} {'median':>8} {'p99':>8} {'max':>8} {'min':>8}")
-    rows = (("rackboot, kill -> first OFFER", traffic),
+    print(f"{'':42} {'n':>3} {'median':>8} {'p99':>8} {'max':>8} {'min':>8}")
+    rows = (("rackboot, kill -> first OFFER", offer_gaps),
+            ("rackboot, kill -> first renewal ACK", renewal_gaps),
             ("rackboot, no traffic, kill -> active", quiet),
-            (f"rackboot, flood {args.flood_rate:.0f}/s, -> OFFER", flooded),
+            (f"rackboot, flood {args.flood_rate:.0f}/s, -> OFFER", flood_offer),
+            (f"rackboot, flood {args.flood_rate:.0f}/s, -> renewal ACK", flood_renewal),
             ("kea aggressive, kill -> first OFFER", kea))  # fmt: skip
     for label, values in rows:
         if values:
             s = summary(values)
-            print(f"{label:38} {s['n']:>3} {s['median']:>8.3f} {s['p99']:>8.3f} {s['max']:>8.3f} "
+            print(f"{label:42} {s['n']:>3} {s['median']:>8.3f} {s['p99']:>8.3f} {s['max']:>8.3f} "
                   f"{s['min']:>8.3f}")  # fmt: skip
-    median = summary(traffic)["median"]
-    if kea:
+    if totals is not None:
+        failed = result["renewals_without_ack_from_new_active"]
+        print(f"renewals: {totals['sent']} sent, {totals['acked']} ACKed "
+              f"({', '.join(f'{k} {v}' for k, v in totals['acked_by'].items())}), "
+              f"{len(totals['naks'])} NAKed, {len(totals['moved'])} ACKed with another address; "
+              f"kills without a renewal ACKed by the new active: {failed}")  # fmt: skip
+    median = summary(offer_gaps)["median"] if offer_gaps else None
+    if kea and median:
         print(f"ratio of medians, kea aggressive / rackboot: {summary(kea)['median'] / median:.2f}")
     ref = KEA_REFERENCE["kea default timers"]
     print(
