@@ -175,7 +175,7 @@ class Acceptor:
             owner=grant.owner if grant else "", owner_epoch=grant.epoch if grant else 0,
             left=self._left(grant, now), known_epoch=self.known_epoch, amnesic=self.amnesic,
             promised_n=self.promised[0], promised_by=self.promised[1],
-            members=self._judged_by(m, grant),
+            members=self._judged_by(m, grant), ineligible=sorted(self.ineligible),
         )  # fmt: skip
 
     def _judged_by(self, m: Prepare | Propose, grant: Grant | None) -> str:

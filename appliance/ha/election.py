@@ -132,7 +132,9 @@ class Election:
         so the acceptors learn it within a round; True when the timer moved."""
         wanted = frozenset(appliances) & frozenset(self.members.peers)
         proposer = self.proposer
-        if wanted == proposer.wanted_ineligible:
+        if wanted == proposer.wanted_ineligible or not proposer.holding(now):
+            # Not holding, the wish is kept: the round that makes this node holder declares
+            # at least it and whom the promising acceptors hold ineligible (proposer.py).
             return False
         proposer.wanted_ineligible = wanted
         if proposer.holding(now) and proposer.round is None:

@@ -68,6 +68,9 @@ class Promise:
     promised_n: int
     promised_by: str
     members: str  # the membership digest the acceptor judged by
+    # The appliances this acceptor holds ineligible (the last proposal or release it took
+    # named them): a new holder keeps declaring them until they have caught up with it.
+    ineligible: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -357,6 +357,12 @@ class Proposer(LeaseTimes):
             epoch = max(self.known_epoch, *(p.known_epoch for p in rnd.promises.values())) + 1
         rnd.phase, rnd.epoch, rnd.accepts = 2, epoch, {}
         rnd.refused, rnd.free_at = {}, {}
+        if not rnd.renewal:
+            # Whom the majority that promised holds ineligible stays so: the previous
+            # holder may have committed without them, and clearing them now would let one
+            # be elected later without those records. They count again once caught up.
+            held = {n for p in rnd.promises.values() for n in p.ineligible}
+            self.wanted_ineligible |= frozenset(held & set(self.members.peers))
         rnd.ineligible = self.wanted_ineligible
         self.outbox.append((ALL, Propose(
             self.group, rnd.req, rnd.ballot, epoch, self.timing.lease, self.members.digest,

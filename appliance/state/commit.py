@@ -10,8 +10,10 @@ Who to declare is decided only when needed: a standby that holds a record up
 (at once if it does not even follow this leader, after ``ack_timeout`` if it
 follows but does not acknowledge), or whose wall clock is off by more than
 ``max_clock_skew``; one declared stays so until it has everything (sent and
-acknowledged). A node that does not lead declares nobody: what it knew as a
-leader is stale once another led.
+acknowledged). A node that does not lead keeps its wish as it is: when it is
+elected, its first proposal declares at least those and whom the acceptors that
+promised it hold ineligible (appliance/ha/proposer.py), since the previous holder
+may have committed without them; each counts again once it has caught up.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class CommitRule:
         records wait to commit; ``declared``: the leader's current wish."""
         if not leading:
             self._waiting_since.clear()
-            return frozenset()
+            return frozenset(declared)
         out = set()
         for peer in self.peers:
             follower = followers.get(peer)

@@ -128,6 +128,10 @@ class FollowerStream:
     def durable(self, lsn: int) -> list[Any]:
         return ["ack", lsn]
 
+    def saw_epoch(self, epoch: int) -> None:
+        """The election has seen ``epoch``: frames of a lower one are refused from now on."""
+        self.highest_epoch = max(self.highest_epoch, epoch)
+
     def _epoch(self, message: list[Any]) -> None:
         if len(message) < 2 or not _uint(message[1]):
             raise Refused("malformed", "no epoch")
@@ -328,4 +332,3 @@ class LeaderStream:
     def streaming(self) -> bool:
         """Caught up: everything appended has been sent (acknowledgements may lag)."""
         return self.stage == "stream" and self.sent >= self.source.last()
-

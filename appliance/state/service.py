@@ -43,6 +43,9 @@ ACK_TIMEOUT = 0.5  # s a streaming standby may leave a record unacknowledged bef
 # declared ineligible (the active then commits without it, once a majority has it)
 ELIGIBILITY_TICK = 0.05  # s between looks at the standbys' progress
 PING_INTERVAL = 1.0  # s between clock probes of each standby
+# A standby ends a link on which nothing (not even a ping) came for this long: a leader
+# that vanished without closing it (power cut, cable) would otherwise be followed for ever.
+FOLLOWER_TIMEOUT = 3 * PING_INTERVAL
 
 
 class Link:
@@ -229,8 +232,9 @@ class Replication:
             if not fence.ok() or fence.epoch != stream.epoch:
                 scope.cancel()  # deposed: this node leads no one
                 return
-            if trio.current_time() >= next_ping and (ping := stream.ping(time.time())):
-                await link.send(ping)
+            if trio.current_time() >= next_ping:
+                if ping := stream.ping(time.time()):  # none before the stream starts
+                    await link.send(ping)
                 next_ping = trio.current_time() + PING_INTERVAL
             message = stream.next_message()
             if message is None:
@@ -291,10 +295,14 @@ class Replication:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._acknowledge, link, side, durable)
             while True:
-                message = await link.receive()
-                if message == ["not-leader"]:
-                    nursery.cancel_scope.cancel()
+                with trio.fail_after(FOLLOWER_TIMEOUT):
+                    message = await link.receive()
+                if message == ["not-leader"] or self.node.fence.ok():
+                    nursery.cancel_scope.cancel()  # it does not lead, or this node does now
                     return
+                # A frame from a lower epoch than the election has seen since the hello is
+                # a deposed leader's, late: refused, even on this older link.
+                side.saw_epoch(self.known_epoch())
                 actions, answer = side.receive(message, time.time())
                 for action in actions:
                     await self._do(action, durable)
@@ -335,9 +343,13 @@ class Replication:
         return {
             "port": self.port,
             "followers": {
-                peer: {"stage": s.stage, "acked": s.acked, "lag": last - s.acked,
-                       "counted": peer not in skip,
-                       "clock_skew": None if s.skew is None else round(s.skew, 3)}
+                peer: {
+                    "stage": s.stage,
+                    "acked": s.acked,
+                    "lag": last - s.acked,
+                    "counted": peer not in skip,
+                    "clock_skew": None if s.skew is None else round(s.skew, 3),
+                }
                 for peer, s in self.followers.items()
             },
             "not_counted": sorted(skip),

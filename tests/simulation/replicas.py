@@ -40,24 +40,13 @@ What is modelled:
   the client's on a release, with ``store.append(..., on_commit)``: a write is
   acknowledged only when ``on_commit`` gets a position.
 
-Deviations from appliance/state/service.py, each the fix suggested for a bug the
-simulation found (reported, not fixed; test_replication_sim.py shows each): the leader's
-send loop schedules its next ping even before the stream can ping
-(:meth:`SimReplication._send_loop`: the real one busy-loops until the follower's
-``from`` arrives, and would stop the mock clock); and, as knobs of the seed set
-(scenario.py ``SeedSet.shell``, :data:`KNOBS`), each off in a set of its own:
-
-* ``ineligible-kept``: a node that does not lead keeps wanting declared whom its own
-  acceptor keeps declared, so its first proposal as holder declares them again
-  (service.py's new holder starts from nobody and clears them: acknowledged writes lost
-  at the next failover);
-* ``follower-epoch``: a standby's floor for frame epochs follows its election's durable
-  epoch (service.py samples it once, at hello: a deposed leader's late frames are
-  accepted, by the new holder too, whose store then crashes);
-* ``link-cleanup``: a leader's ended link removes only its own entries (service.py's
-  removes the standby's newer link from ``followers``: it stays ineligible);
-* ``follower-timeout``: a standby drops a link on which nothing arrived for 3 s
-  (service.py's waits for ever on a leader that vanished without closing it).
+The shell is service.py's own, but for its TLS parts (``run``, ``_inbound``,
+``_follow``: the same logic over :class:`Link`). Bugs it found, fixed there and
+put back by mutations (mutations.py): a new holder cleared whom the previous
+holder had declared ineligible (acknowledged writes lost at a later failover); a
+standby took its floor for frame epochs once, at hello (a deposed leader's late
+frames accepted); a standby followed for ever a leader that vanished without
+closing the link; the leader's send loop spun until the follower's ``from`` came.
 """
 
 from __future__ import annotations
@@ -94,10 +83,8 @@ SLOW_FSYNC = (0.05, 0.8)
 RTO = (0.2, 1.0)  # a lost or held frame is sent again after this long, doubling, at most
 SYN_RETRIES = (1.0, 2.0)  # s between connection attempts (Linux's SYN retransmissions)
 CONNECT_TIMEOUT = service_module.HANDSHAKE_TIMEOUT
-FOLLOWER_TIMEOUT = 3.0  # the ``follower-timeout`` knob: silence after which a standby redials
 COMPACT_MIN_RECORDS = 300  # store.py's 4096 lowered: compactions and snapshots happen
 NS = "leases"
-KNOBS = frozenset({"ineligible-kept", "follower-epoch", "link-cleanup", "follower-timeout"})
 
 
 # -- service.py on the node's own clocks ---------------------------------------------------
@@ -144,30 +131,15 @@ class NodeWall:
         return WALL_BASE + process.wall_offset + process.clock.rate * trio.current_time()
 
 
-class FollowerEpochRefreshed(service_module.FollowerStream):
-    """The ``follower-epoch`` knob: the standby raises its stream's epoch floor to its
-    election's durable epoch before each frame (service.py samples it once, at hello)."""
-
-    def receive(self, message: Any, wall: float = 0.0):
-        process = CURRENT.get()
-        if process is not None:
-            self.highest_epoch = max(self.highest_epoch, process.disk.epoch)
-        return super().receive(message, wall)
-
-
 @contextlib.contextmanager
-def patched(shell: frozenset[str] = frozenset()):
-    """For a replicated run: service.py on the nodes' clocks; the knobs of ``shell``."""
+def patched():
+    """For a replicated run: service.py on the nodes' clocks."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(service_module, "trio", NodeTrio()))
         stack.enter_context(mock.patch.object(service_module, "time", NodeWall()))
         stack.enter_context(
             mock.patch.object(store_module, "COMPACT_MIN_RECORDS", COMPACT_MIN_RECORDS)
         )
-        if "follower-epoch" in shell:
-            stack.enter_context(
-                mock.patch.object(service_module, "FollowerStream", FollowerEpochRefreshed)
-            )
         yield
 
 
@@ -255,11 +227,10 @@ class Link:
     """One end of a connection: what appliance/state/service.py's ``Link`` offers the shell
     (``send``, ``receive``, ``peer``), without TLS or signatures."""
 
-    def __init__(self, net: LinkNet, owner, peer: str, *, leader: bool, silence: float | None):
+    def __init__(self, net: LinkNet, owner, peer: str, *, leader: bool):
         self.net, self.owner, self.peer = net, owner, peer
         self.incarnation = owner.incarnation
         self.leader = leader  # the leader's end (its sends are the fenced ones)
-        self.silence = silence
         self.out: Direction | None = None
         self.inbox: deque[bytes] = deque()
         self.arrived = trio.Event()
@@ -290,14 +261,7 @@ class Link:
             if self.closed or self.dead:
                 raise trio.ClosedResourceError("closed")
             self.arrived = trio.Event()
-            if self.silence is None:
-                await self.arrived.wait()
-            else:
-                with trio.move_on_after(self.silence) as timer:
-                    await self.arrived.wait()
-                if timer.cancelled_caught:
-                    self.owner.world.checker.seen["standby links silent, dropped"] += 1
-                    raise trio.TooSlowError(f"nothing from {self.peer} for {self.silence} s")
+            await self.arrived.wait()
         data = self.inbox.popleft()
         await self.owner.gate()
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -348,7 +312,7 @@ class LinkNet:
         self._seq = itertools.count()
         self._wake = trio.Event()
 
-    async def connect(self, process, peer: str, *, silence: float | None) -> Link:
+    async def connect(self, process, peer: str) -> Link:
         """Dial ``peer``: OSError at once if its machine is up but nobody listens (a reset),
         trio.TooSlowError if no answer comes within the shell's handshake timeout."""
         faults, world = self.world.network.faults, self.world
@@ -373,8 +337,8 @@ class LinkNet:
         other = world.processes[peer]
         if accept is None or not other.alive:
             raise ConnectionRefusedError(f"{peer} does not listen")
-        mine = Link(self, process, peer, leader=False, silence=silence)
-        theirs = Link(self, other, process.name, leader=True, silence=None)
+        mine = Link(self, process, peer, leader=False)
+        theirs = Link(self, other, process.name, leader=True)
         mine.out, theirs.out = Direction(mine, theirs), Direction(theirs, mine)
         if not accept(theirs):
             raise ConnectionRefusedError(f"{peer} does not listen")
@@ -488,22 +452,18 @@ class SimReplication(Replication):
             self._ended(group, peer)
         finally:
             self.process.world.note(f"led {self.process.name}>{peer} ends")
-            if "link-cleanup" not in self.state.shell:  # service.py
-                self.followers.pop(peer, None)
-                self._links.pop(peer, None)
-            else:  # only this link's entries: a newer link from the same standby keeps its own
-                if stream is not None and self.followers.get(peer) is stream:
-                    del self.followers[peer]
-                if scope is not None and self._links.get(peer) is scope:
-                    del self._links[peer]
+            # only this link's entries: a newer link from the same standby keeps its own
+            if stream is not None and self.followers.get(peer) is stream:
+                del self.followers[peer]
+            if scope is not None and self._links.get(peer) is scope:
+                del self._links[peer]
             link.close()
 
     async def _follow(self, peer: str, address: tuple[str, int]) -> bool:
         """service.py ``_follow`` without TLS."""
-        silence = FOLLOWER_TIMEOUT if "follower-timeout" in self.state.shell else None
         note = self.process.world.note
         try:
-            link = await self.state.net.connect(self.process, peer, silence=silence)
+            link = await self.state.net.connect(self.process, peer)
         except (OSError, trio.TooSlowError) as exc:
             note(f"dial {self.process.name}>{peer} fails: {type(exc).__name__}")
             return False
@@ -515,49 +475,14 @@ class SimReplication(Replication):
             self._refused_all(group, peer)
         except* LINK_ERRORS as group:
             self._ended(group, peer)
-            note(f"followed {self.process.name}>{peer} ends: " + "; ".join(
-                sorted({type(e).__name__ for e in service_module._leaves(group)})))  # fmt: skip
+            ends = {type(e).__name__ for e in service_module._leaves(group)}
+            if "TooSlowError" in ends:
+                self.process.world.checker.seen["standby links silent, dropped"] += 1
+            note(f"followed {self.process.name}>{peer} ends: " + "; ".join(sorted(ends)))
         finally:
             self.following = {}
             link.close()
         return False
-
-    async def _send_loop(self, link: Link, stream: Any, scope: trio.CancelScope) -> None:
-        """service.py ``_send_loop`` with one line moved: the next ping is due a ping interval
-        later even when the stream cannot ping yet (stage hello or from). As it is, the loop
-        never sleeps from its first turn until the follower's ``from`` arrives: the deadline
-        it waits for is already past (a busy loop; the mock clock never advances)."""
-        trio_, fence = service_module.trio, self.node.fence
-        next_ping = trio_.current_time()
-        while True:
-            if not fence.ok() or fence.epoch != stream.epoch:
-                scope.cancel()  # deposed: this node leads no one
-                return
-            if trio_.current_time() >= next_ping:
-                if ping := stream.ping(service_module.time.time()):
-                    await link.send(ping)
-                next_ping = trio_.current_time() + service_module.PING_INTERVAL
-            message = stream.next_message()
-            if message is None:
-                with trio_.move_on_at(min(fence.valid_until, next_ping)):
-                    await self._appended.wait()
-                continue
-            await link.send(message)
-
-    def refresh_eligibility(self) -> None:
-        """service.py's; with the ``ineligible-kept`` knob, a node that does not lead wants
-        declared what its own acceptor keeps declared, so that the proposal that makes it the
-        holder declares them again (each stays declared until it has caught up: CommitRule's
-        "still behind"). service.py's new holder starts from nobody: its first proposal
-        clears every appliance the previous holders declared."""
-        election = self.election
-        kept = "ineligible-kept" in self.state.shell and election is not None
-        if kept and not self.node.fence.ok():
-            declared = frozenset(election.acceptor.ineligible) - {self.process.name}
-            election.proposer.wanted_ineligible = declared & frozenset(self.peers)
-            self.store.advance()
-            return
-        super().refresh_eligibility()
 
     def _refused_all(self, group: BaseExceptionGroup, peer: str) -> None:
         super()._refused_all(group, peer)
@@ -591,11 +516,10 @@ class SimReplication(Replication):
 class NodeState:
     """One life of an appliance's state: its store, replication and DHCP-like server."""
 
-    def __init__(self, process, net: LinkNet, shell: frozenset[str]) -> None:
+    def __init__(self, process, net: LinkNet) -> None:
         world = process.world
         self.process = process
         self.net = net
-        self.shell = shell
         rng = random.Random(world.rng.random())
         self.disk = DiskHandle(process, rng)
         self.store = SimStore(Path(str(process.statelog.path)).parent, process.fence,

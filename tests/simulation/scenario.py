@@ -73,10 +73,9 @@ class SeedSet:
     after_send: bool = False
     finish_rollouts: bool = True  # at healing: one membership, one lease
     replay_answers: bool = False  # the adversary replays answers to rounds with their id
-    # A replicated state log per appliance under a perfdhcp-like load (replicas.py); its
-    # shell's knobs (replicas.py), and the healed time at the end: load, then quiet.
+    # A replicated state log per appliance under a perfdhcp-like load (replicas.py), and
+    # the healed time at the end: load, then quiet.
     replicated: bool = False
-    shell: frozenset[str] = frozenset()
     heal: float = HEAL
     ci: bool = True
 
@@ -132,7 +131,7 @@ SETS = {
         SeedSet("replication", "the default set with a replicated state log on every "
                 "appliance under a perfdhcp-like load; power cuts, kills and pauses during "
                 "fsyncs, slow disks, wall-clock steps, standbys cut off from the holder",
-                DEFAULT, replicated=True, shell=replicas.KNOBS, heal=7.0,
+                DEFAULT, replicated=True, heal=7.0,
                 weights=REPLICATION_WEIGHTS),
     )
 }  # fmt: skip
@@ -174,7 +173,7 @@ def run_seed(
     clock = trio.testing.MockClock(autojump_threshold=0)
     with deterministic_scheduler(seed), contextlib.ExitStack() as stack:
         if seed_set.replicated:
-            stack.enter_context(replicas.patched(seed_set.shell))
+            stack.enter_context(replicas.patched())
             stack.enter_context(_quiet_logs())
         return trio.run(_run, seed, seed_set, duration, trace, clock=clock)
 

@@ -277,7 +277,7 @@ class Process:
             self.runner = self._witness() if self.witness else self._appliance()
             self.world.network.endpoints[self.name] = self.runner
             if self.statelog is not None:
-                self.state = NodeState(self, self.world.links, self.world.seed_set.shell)
+                self.state = NodeState(self, self.world.links)
             try:
                 async with trio.open_nursery() as nursery:
                     if self.state is not None:
