@@ -124,6 +124,9 @@ class Trial:
     arp: float | None  # the first renewal frame addressed to the new active's MAC
     last_renewal_before: float | None  # the last renewal sent before the kill, how long before
     lost: int  # renewals sent in the second before the kill never answered
+    killed: float = 0.0  # CLOCK_MONOTONIC at the kill (the probes' clock)
+    killed_wall: float = 0.0  # and the wall clock (the nodes' logs)
+    dead: str = ""  # the appliance killed
     naks: list[dict] = field(default_factory=list)  # renewals NAKed after the kill
     moved: list[dict] = field(default_factory=list)  # renewal ACKs with another address
 
@@ -185,7 +188,7 @@ def kill_with_traffic(rack: Rack, probe: Events, renewals: Events | None, renew:
     new = other(active)
     new_mac = rack.hosts[new].mac  # both answer with the VIP: the Ethernet source tells
     time.sleep(rng.uniform(0.5, 0.5 + 4 * renew))  # a random phase of the renewal cycle
-    killed = time.monotonic()
+    killed, killed_wall = time.monotonic(), time.time()
     rack.nodes[active].kill9()
 
     def first_offer() -> float | None:
@@ -199,7 +202,7 @@ def kill_with_traffic(rack: Rack, probe: Events, renewals: Events | None, renew:
     if renewals is not None:
         view = renewal_view(renewals, killed, new_mac, 10.0)
     restart(rack, active, lease)
-    return Trial(offer=at - killed, **view)
+    return Trial(offer=at - killed, killed=killed, killed_wall=killed_wall, dead=active, **view)
 
 
 def kill_quiet(rack: Rack, lease: float, rng) -> float:
@@ -361,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     flooded: list[Trial] = []
     quiet: list[float] = []
     totals = None
+    macs: dict[str, str] = {}
     with Lab(prefix="rbf", lowlat=True) as lab, tempfile.TemporaryDirectory() as tmp:
         rack = Rack(lab, Path(tmp), client_addr=True)
         probe = renewer = None
@@ -421,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         "under_flood_kill_to_first_renewal_ack_s": summary(flood_renewal) if flood_renewal else None,
         "flood_rate": args.flood_rate,
         "renewal_totals": totals,
+        "macs": macs,
         "trials": {"with_traffic": [asdict(t) for t in traffic],
                    "under_flood": [asdict(t) for t in flooded]},
         "raw": {"with_traffic": offer_gaps, "with_traffic_renewal": renewal_gaps,
