@@ -219,15 +219,16 @@ class Bench:
         """Fresh server, one perfdhcp run at ``rate``, server stopped again."""
         a = self.args
         server.start(self.srv, self.cli)
-        spy = None
+        spies: list[tuple[str, Path, subprocess.Popen]] = []
         try:
             argv = perfdhcp_argv(self.cli.ifname, rate, a.clients, a.duration, extra=a.perfdhcp_arg)
             argv = ["taskset", "-c", a.client_cpu, *argv]
             others = system.OtherCPU(self.lab.namespaces)
-            pid = server.profile_pid()
-            if a.profile == "py-spy" and server.profilable and pid is not None:
-                spy_out = self.profile_dir / f"{server.name}-{rate}-{server.starts}.txt"
-                spy = profile.start_py_spy(pid, a.duration, spy_out)
+            if a.profile == "py-spy" and server.profilable:
+                for label, pid in server.profile_pids().items():
+                    name = f"{server.name}-{label}" if label else server.name
+                    spy_out = self.profile_dir / f"{name}-{rate}-{server.starts}.txt"
+                    spies.append((label, spy_out, profile.start_py_spy(pid, a.duration, spy_out)))
             others.start()
             server.load_started()
             cpu0, child0 = server.cpu_seconds(), _children_cpu()
@@ -247,13 +248,16 @@ class Bench:
                 result.error = exited
             elif not result.error:
                 result.server_stats = server.after_run(self.srv)
-            if spy is not None:
-                result.profile = str(spy_out)
+            for label, spy_out, spy in spies:
+                result.profiles[label] = str(spy_out)
                 _finish(spy, PROFILE_SLACK)
+            if spies:
+                result.profile = str(spies[0][1])
             (server.dir / "perfdhcp.last.txt").write_text(out)
         finally:
-            if spy is not None and spy.poll() is None:
-                _finish(spy, 0)
+            for _, _, spy in spies:
+                if spy.poll() is None:
+                    _finish(spy, 0)
             server.stop()  # cProfile writes its file as the node exits
         if a.profile == "cprofile" and server.name == "rackboot":  # cProfile: the single node
             pstats_file = server.pstats_path(server.starts)
@@ -519,19 +523,27 @@ def profile_report(reports: list[ServerReport], kind: str, directory: Path) -> s
         return ""
     runs = rep.screening + rep.confirm
     chosen = [c for c in rep.confirm if c["offered"] == rep.sustained] or runs
-    files = [Path(c["profile"]) for c in chosen if c.get("profile")]
-    if not files:
+    by_label: dict[str, list[Path]] = {}
+    for c in chosen:
+        for label, path in (c.get("profiles") or {"": c.get("profile")}).items():
+            if path:
+                by_label.setdefault(label, []).append(Path(path))
+    if not by_label:
         return f"\n## profile ({kind}): no profile was written"
     rates = sorted({c["offered"] for c in chosen})
-    head = (
-        f"\n## rackboot profile ({kind}), {len(files)} run(s) at "
-        f"{', '.join(map(str, rates))}/s offered; files in {directory}"
-    )
-    if kind == "py-spy":
-        body = profile.summarize_collapsed(profile.read_collapsed(files))
-    else:
-        body = profile.summarize_pstats(files)
-    return f"{head}\n{body}"
+    out = []
+    for label, files in by_label.items():
+        who = f"{rep.name} {label}" if label else rep.name
+        head = (
+            f"\n## {who} profile ({kind}), {len(files)} run(s) at "
+            f"{', '.join(map(str, rates))}/s offered; files in {directory}"
+        )
+        if kind == "py-spy":
+            body = profile.summarize_collapsed(profile.read_collapsed(files))
+        else:
+            body = profile.summarize_pstats(files)
+        out.append(f"{head}\n{body}")
+    return "\n".join(out)
 
 
 def json_path(arg: str, stamp: str) -> Path:

@@ -71,6 +71,7 @@ class PerfResult:
     client_cpu_s: float | None = None  # CPU time perfdhcp used
     server_stats: dict[str, Any] = field(default_factory=dict)  # e.g. Rackboot's journal counters
     profile: str | None = None  # the profile file of this run (--profile)
+    profiles: dict[str, str] = field(default_factory=dict)  # py-spy: process label -> file
 
     @property
     def server_cpu_pct(self) -> float | None:

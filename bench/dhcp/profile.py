@@ -62,9 +62,20 @@ _OURS = re.compile(r"\((plugins/|appliance/journal\.py)")
 _FRAME_LINE = re.compile(r"^(?P<func>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
+def py_spy_path() -> str | None:
+    """py-spy on PATH, else the one pip put beside this Python (a venv's bin/)."""
+    import sys
+
+    found = shutil.which("py-spy")
+    if found is None:
+        beside = Path(sys.executable).parent / "py-spy"
+        found = str(beside) if beside.exists() else None
+    return found
+
+
 def py_spy_available() -> str | None:
     """None when py-spy can be used, else why not."""
-    if shutil.which("py-spy") is None:
+    if py_spy_path() is None:
         return "py-spy is not installed (pip install py-spy), or use --profile cprofile"
     return None
 
@@ -72,7 +83,7 @@ def py_spy_available() -> str | None:
 def start_py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen:
     """Sample ``pid`` for ``seconds`` into ``out`` (collapsed stacks, one thread per root)."""
     argv = [
-        "py-spy", "record", "--pid", str(pid), "--rate", str(PY_SPY_RATE),
+        py_spy_path() or "py-spy", "record", "--pid", str(pid), "--rate", str(PY_SPY_RATE),
         "--duration", str(max(1, round(seconds))), "--format", "raw", "--threads", "--idle",
         "--output", str(out),
     ]  # fmt: skip

@@ -122,9 +122,9 @@ class Server:
             return f"{self.name} exited ({self.proc.returncode}) during the run"
         return None
 
-    def profile_pid(self) -> int | None:
-        """The process ``--profile py-spy`` samples."""
-        return None if self.proc is None else self.proc.pid
+    def profile_pids(self) -> dict[str, int]:
+        """The processes ``--profile py-spy`` samples, by label ("" for the only one)."""
+        return {} if self.proc is None else {"": self.proc.pid}
 
     def cpu_seconds(self) -> float | None:
         """CPU time (user + system, all threads) the running server has used so far."""
