@@ -483,14 +483,21 @@ def ha_summary(reports: list[ServerReport]) -> str:
             continue
         runs = [c for c in r.confirm if c["offered"] == r.sustained]
         per: dict[str, list[float]] = {}
+        sys_per: dict[str, list[float]] = {}
         for c in runs:
             done = c["ra"]["received"]
-            for name, seconds in (c.get("server_stats") or {}).get("cpu_s", {}).items():
-                if seconds is not None and done > 0:
-                    per.setdefault(name, []).append(1e6 * seconds / done)
+            stats = c.get("server_stats") or {}
+            for key, into in (("cpu_s", per), ("sys_s", sys_per)):
+                for name, seconds in stats.get(key, {}).items():
+                    if seconds is not None and done > 0:
+                        into.setdefault(name, []).append(1e6 * seconds / done)
         costs = [c["cpu_us_per_dora"] for c in runs if c.get("cpu_us_per_dora") is not None]
         if costs:
-            parts = ", ".join(f"{n} {median(v):,.0f}" for n, v in sorted(per.items()))
+            parts = ", ".join(
+                f"{n} {median(v):,.0f}"
+                + (f" of which system {median(sys_per[n]):,.0f}" if sys_per.get(n) else "")
+                for n, v in sorted(per.items())
+            )
             lines.append(
                 f"{r.name} server CPU per DORA at {r.sustained:,}/s: {median(costs):,.0f} µs "
                 f"({parts})"
@@ -500,9 +507,13 @@ def ha_summary(reports: list[ServerReport]) -> str:
         checked = [c for c in runs if (c.get("server_stats") or {}).get("replication")]
         bad = replication_problems(rack)
         if bad:
+            reps = [c["server_stats"]["replication"] for c in checked]
+            lost = sum(1 for r in reps if r.get("missing") or r.get("differ") or r.get("extra"))
+            declared = sum(1 for r in reps if r.get("declared"))
             lines.append(
                 f"!!! STANDBY MISMATCH in {len(bad)} of {len(checked)} rackboot-ha runs: "
-                + " | ".join(bad)
+                f"leases missing or different on the standby in {lost}, the standby declared "
+                f"ineligible (the active committing without it) in {declared}; first: {bad[0]}"
             )
         elif checked:
             total = sum(c["server_stats"]["replication"]["active_leases"] for c in checked)

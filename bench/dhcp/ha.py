@@ -73,14 +73,21 @@ def affinity(pid: int) -> set[str]:
     return out
 
 
-def proc_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system, all threads, living and ended) of ``pid``."""
+def proc_times(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of ``pid``, all threads, living and ended."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    hz = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / hz, int(fields[12]) / hz
+
+
+def proc_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads, living and ended) of ``pid``."""
+    times = proc_times(pid)
+    return None if times is None else sum(times)
 
 
 def ha_lab(prefix: str = "rbh") -> tuple[Lab, Subnet]:
@@ -107,15 +114,20 @@ class GroupServer(Server):
 
     def load_started(self) -> None:
         """Called as perfdhcp starts: the baseline of :meth:`cpu_by_process`."""
-        self._cpu0 = {name: proc_cpu(p.pid) for name, p in self.processes().items()}
+        self._cpu0 = {name: proc_times(p.pid) for name, p in self.processes().items()}
 
-    def cpu_by_process(self) -> dict[str, float | None]:
-        """CPU seconds each server process used since :meth:`load_started`."""
+    def cpu_by_process(self, part: int | None = None) -> dict[str, float | None]:
+        """CPU seconds each server process used since :meth:`load_started` (``part``: 0 user
+        time only, 1 system time only)."""
         base = getattr(self, "_cpu0", {})
         out: dict[str, float | None] = {}
         for name, p in self.processes().items():
-            now, then = proc_cpu(p.pid), base.get(name)
-            out[name] = None if now is None or then is None else round(now - then, 3)
+            now, then = proc_times(p.pid), base.get(name)
+            if now is None or then is None:
+                out[name] = None
+            else:
+                parts = (0, 1) if part is None else (part,)
+                out[name] = round(sum(now[i] - then[i] for i in parts), 3)
         return out
 
     def exited(self) -> str | None:
@@ -322,7 +334,8 @@ class RackHA(GroupServer):
         watch = self.watch.stop() if self.watch is not None else {}
         self.watch = None
         cpu = self.cpu_by_process()
-        out: dict[str, Any] = {"active": self.active_name, "election": watch, "cpu_s": cpu}
+        out: dict[str, Any] = {"active": self.active_name, "election": watch, "cpu_s": cpu,
+                               "sys_s": self.cpu_by_process(1)}  # fmt: skip
         active = self.rack.nodes[self.active_name or "a"]
         standby = self.rack.nodes[self.standby_name or "b"]
         try:
@@ -387,6 +400,10 @@ class RackHA(GroupServer):
         return {
             "ok": not problems,
             "problem": "; ".join(problems),
+            "missing": len(missing),
+            "differ": len(differ),
+            "extra": len(extra),
+            "declared": bool(watch.get("ineligible_seen") or watch.get("status_not_counted")),
             "active_leases": len(on_active),
             "active_bound": bound,
             "standby_leases": len(on_standby),
@@ -499,7 +516,7 @@ class KeaHA(GroupServer):
         return {}  # not Python: py-spy cannot tell its stacks
 
     def after_run(self, srv: Host | None) -> dict[str, Any]:
-        out: dict[str, Any] = {"cpu_s": self.cpu_by_process()}
+        out: dict[str, Any] = {"cpu_s": self.cpu_by_process(), "sys_s": self.cpu_by_process(1)}
         out["ha_state"] = {side: ha_state(self.pair.hosts[side]) for side in ("a", "b")}
         return out
 
