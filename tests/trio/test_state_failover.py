@@ -248,9 +248,9 @@ def holds(store: StateStore, ns: str, acked: dict[str, Any], value=lambda v: v) 
 async def test_a_standby_that_crashes_while_catching_up_restarts_and_ends_as_the_active(
     tmp_path, monkeypatch, behind
 ):
-    """``records``: the standby's disk stalls after part of a backlog of 3,000 records;
-    ``snapshot``: the active compacted past the standby's log, and the standby's disk
-    stalls as it installs the snapshot. Either way it crashes there, restarts from the
+    """``records``: the standby's disk stalls after its first write of a backlog of 3,000
+    records; ``snapshot``: the active compacted past the standby's log, and the standby's
+    disk stalls as it installs the snapshot. Either way it crashes there, restarts from the
     same data directory, and ends with exactly the active's tables and position; the
     active committed throughout, without it, and counts it again once it caught up."""
     if behind == "snapshot":
@@ -273,7 +273,8 @@ async def test_a_standby_that_crashes_while_catching_up_restarts_and_ends_as_the
             target = active.state.last()
 
             if behind == "records":
-                disk = Disk("append", lambda store: store.durable >= start + 1500)
+                # the first write goes through (a batch or a few), the next one hangs
+                disk = Disk("append", lambda store: store.durable > start)
             else:
                 disk = Disk("rewrite", lambda store: True)
             standby = await rack.start(second, disk)
@@ -284,7 +285,7 @@ async def test_a_standby_that_crashes_while_catching_up_restarts_and_ends_as_the
             # caught in the middle: part of the backlog (or nothing of the snapshot) is on disk
             assert start <= standby.state.durable < target
             if behind == "records":  # by records: the active kept every one after its log
-                assert standby.state.durable >= start + 1500 and active.state.base <= start
+                assert standby.state.durable > start and active.state.base <= start
             assert standby.replication.following.get("leader") == rack.ids[first]
             committed = writer.last()
             await writer.committed_more(committed + 5)  # the active does not wait for it
@@ -356,7 +357,7 @@ async def test_the_active_crashing_while_its_standby_catches_up_leaves_nobody_un
             position = active.state.position
 
             if behind == "records":
-                disk = Disk("append", lambda store: store.durable >= start + 1000)
+                disk = Disk("append", lambda store: store.durable > start)
             else:
                 disk = Disk("rewrite", lambda store: True)
             standby = await rack.start(second, disk)
