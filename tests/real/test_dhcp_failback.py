@@ -120,7 +120,7 @@ def test_fail_back_after_a_kill_9_keeps_every_lease_both_ways(
 
         rack.nodes[a].start(timeout=60)
         wait_until(lambda: caught_up(rack, b, a), 20, "A to catch up with B", detail=rack.logs)
-        assert rack.actives() == [b]
+        assert rack.actives() == [b], detail(rack)()
         assert state_of(rack.nodes[a])["lsn"] == state_of(rack.nodes[b])["lsn"]
         assert on(rack.nodes[a], fresh) == written_by_b  # replicated, before the hand-over
 
