@@ -51,6 +51,8 @@ __all__ = [
     "MalformedPacket",
     "Message",
     "build",
+    "build_prepared",
+    "option_block",
     "parse_untrusted",
 ]
 
@@ -73,6 +75,7 @@ SNAME_AT, FILE_AT, OPTIONS_AT = 44, 108, 240
 
 _HEADER = struct.Struct("!4BIHH4I16s64s128s4s")
 _FIXED = struct.Struct("!4BIHH4I16s")  # what build packs itself: up to chaddr
+_EMPTY_FIELDS = bytes(64 + 128) + MAGIC_COOKIE  # sname and file empty, then the cookie
 _TL = struct.Struct("BB").pack
 _NOT_PAD = re.compile(b"[^\x00]")
 _ZERO = IPv4Address(0)
@@ -393,4 +396,25 @@ def build(msg: Message, *, max_size: int = MIN_MAX_SIZE) -> bytes:
     else:
         raise EncodeError(f"options do not fit in a {max_size}-byte datagram")
     out = b"".join((fixed, sname, file, MAGIC_COOKIE, options, b"\xff"))
+    return out if len(out) >= MIN_BOOTP else out.ljust(MIN_BOOTP, b"\0")
+
+
+def option_block(options: dict[int, bytes]) -> bytes | None:
+    """``options`` encoded once as :func:`build` lays them out when each fits one instance
+    (53, 54, the rest in mapping order, 82 last), checked as :func:`build` checks them;
+    None when a value needs several instances. For :func:`build_prepared`."""
+    _check_options(options)
+    return _one_instance_each(options)
+
+
+def build_prepared(fixed: tuple, options: bytes, max_size: int = MIN_MAX_SIZE) -> bytes | None:
+    """:func:`build`'s bytes for a message with empty ``sname`` and ``file``, its header
+    fields ``fixed`` (``op`` to ``chaddr``, addresses as integers) and its options
+    already encoded (:func:`option_block`, plus TLVs that keep build's order): none
+    of build's per-message work. None when the options do not fit ``max_size`` as
+    they are: :func:`build` would spread them, so call it instead. The caller vouches
+    for the header (fields of a parsed message are in range)."""
+    if len(options) > max(max_size, MIN_MAX_SIZE) - IP_UDP_HEADERS - OPTIONS_AT - 1:
+        return None
+    out = b"".join((_FIXED.pack(*fixed), _EMPTY_FIELDS, options, b"\xff"))
     return out if len(out) >= MIN_BOOTP else out.ljust(MIN_BOOTP, b"\0")

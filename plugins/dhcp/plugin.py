@@ -147,10 +147,14 @@ class DhcpPlugin:
 
     def _lease_event(self, lease: Lease) -> None:
         assert self.pm is not None
-        if lease.state is LeaseState.BOUND:
-            self.pm.hook.dhcp_lease_committed(lease=lease)
-        else:
-            self.pm.hook.dhcp_lease_released(lease=lease)
+        hook = self.pm.hook
+        caller = (
+            hook.dhcp_lease_committed
+            if lease.state is LeaseState.BOUND
+            else (hook.dhcp_lease_released)
+        )
+        if caller.get_hookimpls():  # once per ACK: no call at all when nobody listens
+            caller(lease=lease)
 
 
 def _peer_addresses(peers: Any) -> tuple[int, ...]:
@@ -184,6 +188,9 @@ class _HookPolicy(Policy):
 
     def reply_options(self, request: Message, reply: Message, lease: Lease | None) -> None:
         _guarded(self.hook.dhcp_reply_options, None, request=request, reply=reply, lease=lease)
+
+    def alters_replies(self) -> bool:
+        return bool(self.hook.dhcp_reply_options.get_hookimpls())
 
 
 def _guarded(caller, fallback, **kwargs):

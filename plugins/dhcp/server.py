@@ -49,6 +49,8 @@ from .codec import (
     MalformedPacket,
     Message,
     build,
+    build_prepared,
+    option_block,
     parse_untrusted,
 )
 from .leases import Lease, LeaseState, LeaseTable, LeaseView
@@ -76,8 +78,10 @@ _BOUND = LeaseState.BOUND
 _MESSAGE_TYPE, _SERVER_ID = int(Opt.MESSAGE_TYPE), int(Opt.SERVER_ID)
 _REQUESTED_IP, _CLIENT_ID = int(Opt.REQUESTED_IP), int(Opt.CLIENT_ID)
 _RELAY_AGENT_INFO, _USER_CLASS = int(Opt.RELAY_AGENT_INFO), int(Opt.USER_CLASS)
+_SUBNET_SELECTION = int(Opt.SUBNET_SELECTION)
 _KIND_OPTION = {kind: bytes([kind]) for kind in MessageType}  # option 53 values
 _ZERO = IPv4Address(0)
+RELAY_CACHE = 1024  # relays' addresses whose subnet is remembered
 EXPIRE_BATCH = 4096  # expiry records one sweep writes at most (the rest: next sweep)
 
 
@@ -133,6 +137,12 @@ class Policy:
     def reply_options(self, request: Message, reply: Message, lease: Lease | None) -> None:
         pass
 
+    def alters_replies(self) -> bool:
+        """May :meth:`reply_options` change a reply? If not, the common replies are made
+        from pre-encoded option blocks, without a :class:`Message` to show it. True
+        whenever a subclass overrides :meth:`reply_options`, unless it says otherwise."""
+        return type(self).reply_options is not Policy.reply_options
+
 
 class DhcpServer:
     def __init__(
@@ -159,6 +169,10 @@ class DhcpServer:
         self._static = {s.key: _subnet_options(s, config) for s in config.subnets}
         self._lease_options = {s.key: _lease_options(s, config) for s in config.subnets}
         self._subnet_cache: dict[tuple[str, int], Subnet | None] = {}
+        self._relay_subnets: dict[int, Subnet | None] = {}  # giaddr -> its subnet
+        # (subnet, kind, server identifier, leased) -> option_block() of _options(), or None
+        self._blocks: dict[tuple[str, MessageType, int, bool], bytes | None] = {}
+        self.prepared_replies = True  # False: every reply through build() (tests compare)
 
     # -- the entry point ----------------------------------------------------
 
@@ -370,7 +384,16 @@ class DhcpServer:
     # -- choosing -------------------------------------------------------------
 
     def _subnet_for(self, msg: Message, arrival: Arrival) -> Subnet | None:
-        if int(msg.giaddr):
+        giaddr = int(msg.giaddr)
+        if giaddr:
+            options = msg.options
+            if _RELAY_AGENT_INFO not in options and _SUBNET_SELECTION not in options:
+                cache = self._relay_subnets  # giaddr comes from the network: bounded
+                if giaddr not in cache:
+                    if len(cache) >= RELAY_CACHE:
+                        cache.clear()
+                    cache[giaddr] = self._subnet_containing(giaddr, "")
+                return cache[giaddr]
             link = _link_selection(msg.relay_agent_info) or msg.subnet_selection or msg.giaddr
             return self._subnet_containing(int(link), "")
         key = (arrival.interface, arrival.local)
@@ -501,13 +524,74 @@ class DhcpServer:
         """``named``: answer with this server identifier (one of the rack's, the client's
         choice) rather than our own; the boot server stays ours."""
         server_id = self._server_id(arrival)
+        boot = self._boot(msg, subnet, server_id, reservation)
+        payload = None
+        if (
+            boot is None
+            and (reservation is None or not reservation.hostname)
+            and self.prepared_replies
+            and not self.policy.alters_replies()
+        ):
+            payload = self._prepared(msg, subnet, kind, address, named or server_id)
+        if payload is None:
+            payload = self._built(
+                msg, subnet, kind, address, reservation, lease, named or server_id, boot
+            )
+        destination, port, hwaddr = self._destination(msg, arrival, address, nak=False)
+        return Reply(payload, destination, port, arrival.interface, hwaddr, kind, self._source())
+
+    def _options(
+        self, subnet: Subnet, kind: MessageType, server_id: int, leased: bool
+    ) -> dict[int, bytes]:
+        """53, 54, the lease's 51, 58, 59 (an OFFER or the ACK of a lease, not an INFORM's),
+        then the subnet's options: what every such reply carries."""
         options: dict[int, bytes] = {
             _MESSAGE_TYPE: _KIND_OPTION[kind],
-            _SERVER_ID: encode_u32(named or server_id),
+            _SERVER_ID: encode_u32(server_id),
         }
-        if address:  # an OFFER or the ACK of a lease (not an INFORM): 51, 58, 59
+        if leased:
             options.update(self._lease_options[subnet.key])
         options.update(self._static[subnet.key])
+        return options
+
+    def _prepared(
+        self, msg: Message, subnet: Subnet, kind: MessageType, address: int, server_id: int
+    ) -> bytes | None:
+        """The common reply (no boot answer, no hostname, no hook adding options) from the
+        options block of its subnet, kind and server identifier, encoded once: the same
+        bytes as :meth:`_built` (tests/unit/dhcp/test_fast_path.py), or None for it to build."""
+        key = (subnet.key, kind, server_id, address != 0)
+        block = self._blocks.get(key, b"")
+        if block == b"":
+            block = self._blocks[key] = option_block(
+                self._options(subnet, kind, server_id, address != 0)
+            )
+        if block is None:
+            return None
+        relay_agent_info = msg.options.get(_RELAY_AGENT_INFO)
+        if relay_agent_info is not None:
+            if len(relay_agent_info) > 255:
+                return None
+            block += bytes((_RELAY_AGENT_INFO, len(relay_agent_info))) + relay_agent_info
+        fixed = (
+            BOOTREPLY, msg.htype, msg.hlen, 0, msg.xid, 0, msg.flags,
+            int(msg.ciaddr) if kind is _ACK else 0, address, 0, int(msg.giaddr), msg.chaddr,
+        )  # fmt: skip
+        return build_prepared(fixed, block, msg.max_message_size or 576)
+
+    def _built(
+        self,
+        msg: Message,
+        subnet: Subnet,
+        kind: MessageType,
+        address: int,
+        reservation: Reservation | None,
+        lease: Lease | None,
+        server_id: int,
+        boot: BootChoice | None,
+    ) -> bytes:
+        """Any reply, as a :class:`Message` the hook may change, then :func:`build`."""
+        options = self._options(subnet, kind, server_id, address != 0)
         if reservation is not None and reservation.hostname:
             options[Opt.HOSTNAME] = encode_str(reservation.hostname)
         reply = Message(
@@ -515,7 +599,6 @@ class DhcpServer:
             msg.ciaddr if kind is _ACK else _ZERO,
             IPv4Address(address), _ZERO, msg.giaddr, msg.chaddr, options=options,
         )  # fmt: skip
-        boot = self._boot(msg, subnet, server_id, reservation)
         if boot is not None:
             reply.siaddr = boot.server
             options[Opt.TFTP_SERVER_NAME] = encode_str(str(boot.server))
@@ -530,12 +613,10 @@ class DhcpServer:
             options[_RELAY_AGENT_INFO] = relay_agent_info
         self.policy.reply_options(msg, reply, lease)
         try:
-            payload = build(reply, max_size=msg.max_message_size or 576)
+            return build(reply, max_size=msg.max_message_size or 576)
         except EncodeError:  # a hook's options did not fit the client's size: fall back
             reply.options = {k: v for k, v in options.items() if k < 224}
-            payload = build(reply, max_size=1500)
-        destination, port, hwaddr = self._destination(msg, arrival, address, nak=False)
-        return Reply(payload, destination, port, arrival.interface, hwaddr, kind, self._source())
+            return build(reply, max_size=1500)
 
     def _boot(
         self,
