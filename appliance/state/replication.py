@@ -302,7 +302,9 @@ class LeaderStream:
                 ["snapshot", self.epoch, head_bytes, [encode(e) for e in chunk], int(n == last)]
                 for n, chunk in enumerate(chunks)
             ]
-            self.sent = self.acked = head.lsn
+            # Nothing counts as on its disk until it acknowledges the installed snapshot:
+            # counted before, a standby still installing could be elected with an empty log.
+            self.sent, self.acked = head.lsn, 0
             self.stage = "snapshot"
         else:
             self.sent = self.acked = lsn

@@ -55,10 +55,14 @@ class Link:
         self.stream, self.identity, self.peer = stream, identity, peer
         self.peer_key = peer_key
         self._buffer = bytearray()
+        # Two tasks send on a link (a standby's pongs and its acknowledgements; a leader's
+        # answers and its send loop): one SSLStream.send_all at a time, else BusyResourceError.
+        self._sending = trio.Lock()
 
     async def send(self, message: list[Any]) -> None:
         frame = seal(message, self.identity.key, self.identity.node_id)
-        await self.stream.send_all(LENGTH.pack(len(frame)) + frame)
+        async with self._sending:
+            await self.stream.send_all(LENGTH.pack(len(frame)) + frame)
 
     async def receive(self) -> Any:
         while True:
@@ -318,6 +322,7 @@ class Replication:
             await self.store.cut_after(action.lsn)
         elif isinstance(action, Install):
             await self.store.install(action.head, action.entries)
+            durable.reached(action.head.lsn)  # on disk (an atomic rewrite): acknowledge it
         elif isinstance(action, Append):
             self.store.append_replicated(action.records, durable.reached)
 

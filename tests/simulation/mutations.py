@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from unittest import mock
@@ -15,6 +16,9 @@ from unittest import mock
 import appliance.ha.acceptor as acceptor_module
 import appliance.ha.election as election_module
 import appliance.ha.proposer as proposer_module
+import appliance.state.commit as commit_module
+import appliance.state.replication as replication_module
+import appliance.state.service as service_module
 from appliance.ha.fence import Fence
 from appliance.ha.messages import Propose
 from tests.simulation.world import Process
@@ -131,6 +135,45 @@ def handover_replayed(patch: Patch) -> None:
     patch(proposer_module.Proposer, "_handover", moved)
 
 
+def ineligibility_forgotten(patch: Patch) -> None:
+    """The old rules: a node that does not lead wants nobody declared, and a new holder's
+    first proposal declares only whom it finds lagging (promises name nobody)."""
+    lagging = commit_module.CommitRule.lagging
+
+    def forgetting(self, now, *, leading, **kwargs):
+        return lagging(self, now, leading=leading, **kwargs) if leading else frozenset()
+
+    real_prepare = acceptor_module.Acceptor._prepare
+
+    def silent(self, sender, message, now):
+        return dataclasses.replace(real_prepare(self, sender, message, now), ineligible=[])
+
+    def wish(self, appliances, now):
+        wanted = frozenset(appliances) & frozenset(self.members.peers)
+        proposer = self.proposer
+        if wanted == proposer.wanted_ineligible:
+            return False
+        proposer.wanted_ineligible = wanted
+        if proposer.holding(now) and proposer.round is None:
+            proposer.next_round = min(proposer.next_round, now)
+            return True
+        return False
+
+    patch(commit_module.CommitRule, "lagging", forgetting)
+    patch(acceptor_module.Acceptor, "_prepare", silent)
+    patch(election_module.Election, "set_ineligible", wish)
+
+
+def epoch_floor_at_hello(patch: Patch) -> None:
+    """The old rule: a standby's floor for frame epochs is taken once, at hello."""
+    patch(replication_module.FollowerStream, "saw_epoch", lambda self, epoch: None)
+
+
+def follower_waits_for_ever(patch: Patch) -> None:
+    """The old rule: a standby waits for ever on a link nothing comes from."""
+    patch(service_module, "FOLLOWER_TIMEOUT", math.inf)
+
+
 MUTATIONS = {
     m.name: m
     for m in (
@@ -155,6 +198,12 @@ MUTATIONS = {
                  "round", "default", "epoch did not rise", force_stays_armed),
         Mutation("handover-replayed", "a replayed hand-over moves the lease again", "default",
                  "handed over", handover_replayed),
+        Mutation("ineligibility-forgotten", "a new holder clears whom the previous one "
+                 "declared ineligible", "replication", "(a)", ineligibility_forgotten),
+        Mutation("epoch-floor-at-hello", "a standby takes its floor for frame epochs once, "
+                 "at hello", "replication", "(c)", epoch_floor_at_hello),
+        Mutation("follower-waits-for-ever", "a standby follows a silent link for ever",
+                 "replication", "(e)", follower_waits_for_ever),
     )
 }  # fmt: skip
 

@@ -58,6 +58,18 @@ def floors(seed_set: SeedSet) -> dict[str, float]:
         need["slowest holder, fastest acceptors"] = SEEDS
     if seed_set.late[1]:
         need["grants near the round timeout"] = SEEDS
+    if seed_set.replicated:
+        need |= {
+            "acknowledged writes": SEEDS * 50,
+            "divergent tails cut": SOME,
+            "snapshots installed": SOME,
+            "kills during an fsync": SOME,
+            "torn tails cut at start": SOME,
+            "standby links silent, dropped": SOME,
+            "replication frames refused: old-epoch": SOME,
+            "ineligibility declared (kept by an acceptor)": SOME,
+            "runs converged": SEEDS,
+        }
     return need
 
 

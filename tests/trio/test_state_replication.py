@@ -48,6 +48,7 @@ async def replicate(leader: StateStore, follower: StateStore, epoch: int) -> Lea
         for action in actions:
             if isinstance(action, Install):
                 await follower.install(action.head, action.entries)
+                stream.receive(side.durable(action.head.lsn))  # counted once installed
             elif isinstance(action, Append):
                 acked = trio.Event()
                 follower.append_replicated(action.records, lambda lsn, done=acked: done.set())

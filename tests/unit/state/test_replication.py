@@ -67,6 +67,8 @@ def run(leader: LeaderStream, follower: FollowerStream, have: list[Record]) -> l
         apply(log, actions)
         if actions and isinstance(actions[-1], Append):
             leader.receive(follower.durable(actions[-1].records[-1].lsn))
+        elif actions and isinstance(actions[-1], Install):
+            leader.receive(follower.durable(actions[-1].head.lsn))  # installed: on its disk
     return log
 
 
@@ -143,6 +145,22 @@ def test_a_snapshot_is_sent_in_chunks_and_installed_whole():
     assert [len(c) for c in chunks] == [0, 0, 1]
     install = chunks[-1][0]
     assert isinstance(install, Install) and len(install.entries) == 5000
+
+
+def test_a_standby_sent_a_snapshot_counts_only_once_it_acknowledged_the_install():
+    """Counted when the frames were sent, a standby still installing (or dead before it
+    did) could be elected with an empty log."""
+    records = log_of([1] * 100)
+    leader = LeaderStream(MemorySource(records, base=100), epoch=1)
+    follower = follower_of([])
+    follower.receive(leader.receive(follower.hello()))
+    leader.receive(follower.resume(0, 0))
+    while (message := leader.next_message()) is not None:
+        actions, _ = follower.receive(message)
+    assert leader.streaming and leader.acked == 0  # everything sent, nothing on its disk
+    assert isinstance(actions[-1], Install)
+    leader.receive(follower.durable(actions[-1].head.lsn))
+    assert leader.acked == 100
 
 
 def test_frames_of_an_older_epoch_are_refused():
