@@ -34,7 +34,7 @@ import trio
 from appliance.errors import RackbootError
 from appliance.journal import CompactionError, frame
 from appliance.logs import get_logger
-from appliance.state.log import Recovery, StateLog, snapshot_payloads
+from appliance.state.log import Recovery, StateLog, Worker, snapshot_payloads
 from appliance.state.records import EpochHistory, Record, SnapshotEntry, SnapshotHead, encode
 from appliance.state.tables import Tables
 
@@ -99,10 +99,13 @@ class StateStore:
     def __init__(self, directory: Path, fence: Fence, policy: CommitPolicy | None = None, *,
                  log: Any = None, blocking: Any = None) -> None:  # fmt: skip
         """``log``: the file (a :class:`StateLog` under ``directory`` unless given: the
-        simulation keeps one in memory); ``blocking``: how its blocking calls run (a worker
-        thread unless given)."""
+        simulation keeps one in memory); ``blocking``: how its blocking calls run (the
+        log's own worker thread unless given)."""
         self.log = log if log is not None else StateLog(Path(directory) / "log")
-        self._blocking = blocking or trio.to_thread.run_sync
+        self._worker: Worker | None = None
+        if blocking is None:
+            blocking = self._worker = Worker()
+        self._blocking = blocking
         self.fence = fence
         self.policy: CommitPolicy = policy or LocalCommit()
         self.tables = Tables()
@@ -121,6 +124,9 @@ class StateStore:
         self._compact = False
         self._wakeup = trio.Event()
         self._committed = trio.Event()  # set and replaced on every commit
+        # Namespace -> set (and dropped) when a record of it commits: a changefeed wakes for
+        # its own namespace only, not for every group commit of another one.
+        self._changed: dict[str, trio.Event] = {}
         self.on_append: list[Callable[[], object]] = []  # replication's send loops
         self.counters = {"writes": 0, "write_failures": 0, "compactions": 0,
                          "compaction_failures": 0}  # fmt: skip
@@ -172,6 +178,8 @@ class StateStore:
                     await self._write()
         finally:
             self.log.close()
+            if self._worker is not None:
+                self._worker.close()
 
     async def _write(self) -> None:
         data, last = bytes(self._unwritten), self._unwritten_last
@@ -214,7 +222,9 @@ class StateStore:
         if not self.fence.ok():
             raise NotWriter("this node does not hold the rack's lease: it cannot write state")
         epoch = self.fence.epoch
-        if epoch < self.tables.epoch or (self.uncommitted and epoch < self.uncommitted[-1][0].epoch):
+        if epoch < self.tables.epoch or (
+            self.uncommitted and epoch < self.uncommitted[-1][0].epoch
+        ):
             raise NotWriter(f"epoch {epoch} is older than the log's")
         record = Record(epoch, self.next_lsn, ns, key, value)
         self._unwritten += frame(encode(record))  # ValueError when too large: nothing changed
@@ -252,12 +262,15 @@ class StateStore:
         told None), and cut later if the new leader lacks it."""
         leading = self.fence.ok()
         limit = self.policy.committable(self.durable) if leading else self.durable
+        uncommitted, changed = self.uncommitted, self._changed
         committed = False
-        while self.uncommitted and self.uncommitted[0][0].lsn <= limit:
-            record, callback, ours = self.uncommitted.popleft()
+        while uncommitted and uncommitted[0][0].lsn <= limit:
+            record, callback, ours = uncommitted.popleft()
             self.tables.apply(record)
             self.tail.append(record)
             committed = True
+            if record.ns in changed:
+                changed.pop(record.ns).set()
             if callback is not None:
                 callback(Position(record.epoch, record.lsn) if leading or not ours else None)
         if committed:
@@ -338,6 +351,9 @@ class StateStore:
         self.durable, self.next_lsn = tables.lsn, tables.lsn + 1
         self._committed.set()
         self._committed = trio.Event()
+        for event in self._changed.values():  # every namespace starts over (a Reset)
+            event.set()
+        self._changed.clear()
 
     # -- reading ---------------------------------------------------------------------
 
@@ -364,11 +380,19 @@ class StateStore:
                     position = self.position
                     yield Reset(position, dict(self.tables.scan(ns)))
                     continue
-                record = self.tail[position.lsn - self.base]
+                # To the next record of ``ns``, or the last one: the others need no Position.
+                tail = self.tail
+                n = position.lsn - self.base
+                while n < len(tail) - 1 and tail[n].ns != ns:
+                    n += 1
+                record = tail[n]
                 position = Position(record.epoch, record.lsn)
                 if record.ns == ns:
                     yield Change(position, record.key, record.value)
-            await self._committed.wait()
+            event = self._changed.get(ns)
+            if event is None:
+                event = self._changed[ns] = trio.Event()
+            await event.wait()
 
     def _continues(self, position: Position) -> bool:
         """Can the changes after ``position`` be read from this log's memory? Only if this
@@ -397,4 +421,3 @@ class StateStore:
             "problem": recovery.problem if recovery else "",
             "damage": recovery.damage if recovery else [],
         }
-
