@@ -313,24 +313,11 @@ async def test_a_standby_that_crashes_while_catching_up_restarts_and_ends_as_the
 # -- the active crashes while the standby is still catching up ----------------------------
 
 
-SNAPSHOT_ACK_BUG = (
-    "appliance/state/replication.py LeaderStream._start sets sent = acked = head.lsn when it "
-    "starts a snapshot, before the follower installed it (and the follower's shell, "
-    "appliance/state/service.py Replication._do, never acknowledges an Install): once the "
-    "snapshot frames are sent and nothing was appended since, the stream is 'streaming' with "
-    "acked >= last, CommitRule.lagging counts the standby again and the holder's next "
-    "proposal clears its ineligibility, while the standby's disk has none of it; the active "
-    "then dies and the standby is elected by itself with an empty log (2,001 committed "
-    "records lost)"
-)
-
-
 @pytest.mark.parametrize(
     "behind",
-    [
-        "records",
-        pytest.param("snapshot", marks=pytest.mark.xfail(strict=True, reason=SNAPSHOT_ACK_BUG)),
-    ],
+    # snapshot: the leader counted the standby once the snapshot frames were sent, before
+    # it installed them, and it was elected with an empty log (2,001 records lost; 5ee8bbd)
+    ["records", "snapshot"],
 )
 async def test_the_active_crashing_while_its_standby_catches_up_leaves_nobody_until_it_returns(
     tmp_path, monkeypatch, behind
@@ -483,17 +470,6 @@ async def test_fail_back_the_old_active_cuts_its_tail_follows_and_takes_the_leas
 
 # -- a standby's link while it acknowledges -------------------------------------------------
 
-CONCURRENT_SEND_BUG = (
-    "appliance/state/service.py: a standby's Replication._stream_from sends its answer to a "
-    "ping (pong) on the link while its Replication._acknowledge task may be inside "
-    "Link.send of an acknowledgement: two tasks in SSLStream.send_all at once raise "
-    "trio.BusyResourceError, which is not among LINK_ERRORS, so the standby's state service "
-    "fails and the whole node stops ('service failed', core.state). At the default 1 s ping "
-    "the window is one acknowledgement's send, hit now and then during a catch-up; at a "
-    "2 ms ping, at once. Fix: one sender per link (a trio.Lock in Link.send, or every "
-    "message through one send task)"
-)
-
 
 def leaves(group: BaseException) -> list[BaseException]:
     """Every exception inside ``group``, with their causes."""
@@ -508,9 +484,10 @@ def leaves(group: BaseException) -> list[BaseException]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=CONCURRENT_SEND_BUG)
 async def test_a_standby_answering_pings_while_it_acknowledges_keeps_running(tmp_path, monkeypatch):
-    """The active pings its standby every 2 ms (1 s by default) while it commits 300 records
+    """Two tasks sending on one link at once (a pong, an acknowledgement) raised
+    BusyResourceError, which stopped the node (fixed in 5ee8bbd: one sender per link).
+    The active pings its standby every 2 ms (1 s by default) while it commits 300 records
     one by one, each acknowledged: the standby answers both on one link and keeps running,
     with everything."""
     from appliance.state import service as service_module
