@@ -62,12 +62,13 @@ class Disk:
 
     def wrap(self, store: StateStore) -> None:
         self.store = store
+        real = store._blocking  # the store's own way (its worker thread)
 
         async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
             if getattr(fn, "__name__", "") == self.call and self.when(store):
                 self.stalled.set()
                 await self.healed.wait()
-            return await trio.to_thread.run_sync(fn, *args)
+            return await real(fn, *args)
 
         store._blocking = blocking
 
