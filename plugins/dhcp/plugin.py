@@ -179,6 +179,9 @@ class _HookPolicy(Policy):
     def host(self, mac: str, client_id: bytes | None) -> Reservation | None:
         return _guarded(self.hook.dhcp_host_lookup, None, mac=mac, client_id=client_id)
 
+    def looks_up_hosts(self) -> bool:
+        return bool(self.hook.dhcp_host_lookup.get_hookimpls())
+
     def boot(self, request: BootRequest, default: BootChoice | None) -> BootChoice | None:
         chosen = _guarded(self.hook.dhcp_boot_selection, None, request=request, default=default)
         return default if chosen is None else chosen

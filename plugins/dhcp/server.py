@@ -78,7 +78,7 @@ _BOUND = LeaseState.BOUND
 _MESSAGE_TYPE, _SERVER_ID = int(Opt.MESSAGE_TYPE), int(Opt.SERVER_ID)
 _REQUESTED_IP, _CLIENT_ID = int(Opt.REQUESTED_IP), int(Opt.CLIENT_ID)
 _RELAY_AGENT_INFO, _USER_CLASS = int(Opt.RELAY_AGENT_INFO), int(Opt.USER_CLASS)
-_SUBNET_SELECTION = int(Opt.SUBNET_SELECTION)
+_SUBNET_SELECTION, _VENDOR_CLASS = int(Opt.SUBNET_SELECTION), int(Opt.VENDOR_CLASS)
 _KIND_OPTION = {kind: bytes([kind]) for kind in MessageType}  # option 53 values
 _ZERO = IPv4Address(0)
 RELAY_CACHE = 1024  # relays' addresses whose subnet is remembered
@@ -124,6 +124,12 @@ class Policy:
 
     def host(self, mac: str, client_id: bytes | None) -> Reservation | None:
         return None
+
+    def looks_up_hosts(self) -> bool:
+        """May :meth:`host` name a reservation? If not, the server does not ask it (nor
+        format the MAC for it). True whenever a subclass overrides :meth:`host`, unless it
+        says otherwise."""
+        return type(self).host is not Policy.host
 
     def boot(self, request: BootRequest, default: BootChoice | None) -> BootChoice | None:
         return default
@@ -411,12 +417,12 @@ class DhcpServer:
 
     def _reservation(self, msg: Message, client: bytes, subnet: Subnet) -> Reservation | None:
         reservation = None
-        client_id = msg.client_id
+        client_id = msg.options.get(_CLIENT_ID)
         if client_id is not None:
             reservation = self._by_client_id.get(client_id)
         if reservation is None and msg.htype == 1 and msg.hlen == 6:
             reservation = self._by_mac.get(msg.chaddr[:6])
-        if reservation is None:
+        if reservation is None and self.policy.looks_up_hosts():
             reservation = self.policy.host(msg.mac or "", client_id)
         if reservation is not None and not subnet.contains(reservation.address):
             return None  # reserved on another link: serve it dynamically here
@@ -625,7 +631,7 @@ class DhcpServer:
         server_id: int,
         reservation: Reservation | None,
     ) -> BootChoice | None:
-        vendor = msg.vendor_class or b""
+        vendor = msg.options.get(_VENDOR_CLASS) or b""
         if not vendor.startswith((b"PXEClient", b"HTTPClient")) and _USER_CLASS not in msg.options:
             # An OS client: no boot answer by default, and no request to build for nobody.
             if not self.policy.boots_any_client():

@@ -198,6 +198,20 @@ def test_the_general_path_answers_what_the_prepared_one_cannot():
     assert not Policy().alters_replies()
 
 
+def test_the_host_policy_is_asked_only_when_it_may_answer():
+    asked: list[str] = []
+
+    class Hosts(Policy):
+        def host(self, mac, client_id):
+            asked.append(mac)
+            return Reservation(ip("192.0.2.105"), hostname="") if mac.endswith("07") else None
+
+    assert not Policy().looks_up_hosts() and Hosts().looks_up_hosts()
+    server = DhcpServer(config(), policy=Hosts())
+    (offer,) = server.handle(message(D, mac(7)), ON_LINK, T0).replies
+    assert offer.payload[16:20] == bytes([192, 0, 2, 105]) and asked == ["52:54:00:00:00:07"]
+
+
 def test_the_subnets_of_relays_are_remembered_within_a_bound():
     from plugins.dhcp.server import RELAY_CACHE
 
