@@ -3,28 +3,37 @@
     flock /tmp/rackboot-bench.lock python -m bench.failover [--kills 20] [--quiet-kills 10]
 
 With traffic: a probe does a full DORA every 50 ms (8 rotating MACs, relay
-style, see probe.py); the active is killed (``kill -9``) ``--kills`` times,
-each after a random wait so the kills fall at uniformly spread moments of
-the renewal cycle; the gap is from the kill to the first OFFER carrying the
-other appliance's server identifier. The killed node is restarted and given
-a lease period to rejoin before the next kill (it is an acceptor too).
+style, see probe.py), and 4 clients in namespaces of their own renew their
+leases through the VIP, one renewal every 25 ms in rotation (renew.py); the
+active is killed (``kill -9``) ``--kills`` times, each after a random wait so
+the kills fall at uniformly spread moments of the election's renewal cycle.
+Both appliances answer with the VIP as server identifier and source address,
+so the answering appliance is told by the reply's Ethernet source. Two gaps
+per kill: from the kill to the first OFFER from the other appliance, and to
+the first ACK it sends for a renewal (which also needs the new active's
+first commit); a renewal NAKed, or ACKed with another address, is a failure
+and reported. The killed node is restarted and given a lease period to
+rejoin, and each kill waits until the standby counts again (docs/state.md:
+only then may it take over).
 
-Without traffic: the probe is stopped, the active is killed ``--quiet-kills``
+Without traffic: the probes are stopped, the active is killed ``--quiet-kills``
 times, and the gap is from the kill to the standby reporting itself active
 (its control socket, polled every 5 ms): nobody has to ask for it to take over.
 
-Under a flood: ``--flood-kills`` more kills with traffic while a fifth
+Under a flood: ``--flood-kills`` more kills with traffic while another
 namespace floods the three election ports with junk (``--flood-rate``
 datagrams/s from spoofed sources, tests/support/ha_flood.py), started a
 second before each kill and lasting past the takeover.
 
 Kea: the same kills against Kea 2.2's hot-standby pair with its most
 aggressive timers, in the same namespaces and run (``--kea-kills``, see
-kea.py); its default timers (a minute per kill) are quoted from the lab's
-earlier measurement, not run.
+kea.py), OFFER gap only (its servers have no VIP: a client renews at the dead
+primary's own address until it rebinds at T2); its default timers (a minute
+per kill) are quoted from the lab's earlier measurement, not run.
 
-Prints median, p99 (nearest rank), max, and writes bench/results/failover-*.json.
-Needs root (namespaces).
+Prints median, p99 (nearest rank), max, and writes bench/results/failover-*.json;
+``--keep DIR`` keeps the nodes' logs and the probes' events for
+``python -m bench.failover.timeline``. Needs root (namespaces).
 """
 
 from __future__ import annotations

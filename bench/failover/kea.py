@@ -6,8 +6,9 @@ Timers are Kea's most aggressive legal ones: heartbeat 1 s, max-response-delay
 2 s, max-unacked-clients 0 (with its defaults the gap is about a minute). Per
 trial the pair starts fresh, both reach ``hot-standby``, the primary's
 ``kea-dhcp4`` is killed with SIGKILL at a random moment of the heartbeat
-period, and the gap is from the kill to the first OFFER carrying the
-standby's server identifier.
+period, and the gap is from the kill to the first OFFER from the standby
+(the reply's Ethernet source, as for Rackboot; Kea's servers each name their
+own address, which would tell them apart too).
 """
 
 from __future__ import annotations
