@@ -217,13 +217,16 @@ class Writer:
     def __init__(self, store: StateStore) -> None:
         self.store = store
         self.acked: dict[str, int] = {}
+        self.longest = 0.0  # s, the longest a put waited for its commit
         self.scope = trio.CancelScope()
 
     async def run(self) -> None:
         with self.scope:
             n = 0
             while True:
+                started = trio.current_time()
                 await self.store.put("live", f"k{n % 97}", n)
+                self.longest = max(self.longest, trio.current_time() - started)
                 self.acked[f"k{n % 97}"] = n
                 n += 1
                 await trio.sleep(0.005)
@@ -308,6 +311,50 @@ async def test_a_standby_that_crashes_while_catching_up_restarts_and_ends_as_the
             # it counts: the next record waits for its acknowledgement (it is on its disk)
             await active.state.put("bulk", "after", 2)
             assert standby.state.durable >= active.state.position.lsn
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_current_standby_whose_disk_hangs_is_declared_then_restarts_and_counts_again(
+    tmp_path, monkeypatch
+):
+    """The standby counts and acknowledges every record; its disk hangs. The active's
+    commits wait for it (at least the 0.5 s acknowledgement timeout) until a majority of
+    acceptors know it ineligible, then go on without it. The standby crashes with records
+    it received but never wrote, restarts, catches up and counts again, with every record
+    the active acknowledged meanwhile."""
+    from appliance.state.service import ACK_TIMEOUT
+
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            rack, first, second = await up(tmp_path, nursery, monkeypatch)
+            active, standby = rack.nodes[first], rack.nodes[second]
+            writer = Writer(active.state)
+            nursery.start_soon(writer.run)
+            await writer.committed_more(20)
+            assert rack.ineligible(first) == []
+            assert writer.longest < ACK_TIMEOUT  # each commit had its acknowledgement
+
+            disk = Disk("append", lambda store: True)
+            disk.wrap(standby.state)  # from its next write on, nothing reaches its disk
+            with trio.fail_after(10):
+                await disk.stalled.wait()
+            await wait_until(lambda: rack.ineligible(first) == [rack.ids[second]],
+                             what="the standby declared ineligible")  # fmt: skip
+            await writer.committed_more(writer.last() + 20)
+            assert writer.longest >= ACK_TIMEOUT  # one commit waited for it, then none
+            held = standby.state.durable
+            assert held < active.state.position.lsn
+            assert standby.state.last() > held  # received, acknowledged nothing of it
+
+            await rack.crash(second)
+            standby = await rack.start(second)
+            await wait_until(lambda: rack.counted(first, second), timeout=30,
+                             what="the restarted standby to catch up and count again")  # fmt: skip
+            writer.scope.cancel()
+            await wait_until(lambda: rack.counted(first, second), what="the last records")
+            assert standby.state.position == active.state.position
+            assert standby.state.tables.data == active.state.tables.data
+            holds(standby.state, "live", writer.acked)
             nursery.cancel_scope.cancel()
 
 
