@@ -6,7 +6,8 @@ bounded instead):
 * the standby crashes while catching up on a backlog of records, or on a snapshot, and
   restarts from the same data directory: it ends with exactly the active's tables and
   position, while the active kept committing without it (declared ineligible), and it
-  counts again once it caught up;
+  counts again once it caught up; a current standby whose disk hangs holds one commit up
+  for the acknowledgement timeout, is declared, and after a restart counts again;
 * the active crashes while the standby is still catching up: the lagging standby is not
   elected by itself, however long it waits; the old active, restarted, is active again
   with every record it committed. (An operator's way out, ``promote --force`` on the
