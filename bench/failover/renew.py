@@ -25,7 +25,7 @@ Ethernet destination which appliance the client's ARP entry for the VIP
 pointed at. One JSON line per event in OUT, ``t`` on CLOCK_MONOTONIC:
 
 * ``{"type": "renew", "t", "client", "xid", "addr"}`` when a renewal is sent,
-* ``{"type": "wire", "t", "client", "xid", "dst_mac"}`` when its frame leaves
+* ``{"type": "wire", "t", "client", "xid", "dst_mac", "src", "dst"}`` when its frame leaves
   (late or never while the kernel's ARP entry for the VIP is unresolved),
 * ``{"type": "ack"|"nak"|"offer", "t", "client", "xid", "yiaddr", "ciaddr",
   "server", "mac", "src", "renewal"}`` per reply (``renewal``: the answer to
@@ -228,7 +228,7 @@ class Renewers:
             if udp.sport == 68 and udp.dport == 67 and udp.dst != "255.255.255.255":
                 xid = int.from_bytes(udp.payload[4:8], "big") if len(udp.payload) > 8 else -1
                 self.log(type="wire", t=time.monotonic(), client=client.name, xid=xid,
-                         dst_mac=udp.dst_mac)  # fmt: skip
+                         dst_mac=udp.dst_mac, src=udp.src, dst=udp.dst)  # fmt: skip
             return
         if udp.sport != 67 or udp.dport != 68:
             return
