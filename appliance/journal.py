@@ -67,6 +67,7 @@ class JournalFile:
         self.records = 0  # frames in the file (live or superseded), for compaction decisions
         self.size = 0
         self.damage: list[dict[str, Any]] = []  # one report per damaged copy kept aside
+        self.damaged_now = False  # this open found damage in the middle (not only old copies)
 
     def open(self) -> list[bytes]:
         """Open (creating it 0600) and return every good payload: a torn tail is
@@ -85,6 +86,7 @@ class JournalFile:
         self._fd, self.records, self.size = fd, len(scan.payloads), len(data)
         try:
             self.damage = self._earlier_damage()
+            self.damaged_now = bool(scan.skipped)
             if scan.skipped:
                 self.damage.append(self._recover(data, scan))
             elif scan.end < len(data):

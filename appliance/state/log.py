@@ -53,6 +53,7 @@ class Recovery:
     beyond: list[Record] = field(default_factory=list)  # records after a break, not applied
     problem: str = ""  # why the contiguous part ended before the file did
     damage: list[dict[str, Any]] = field(default_factory=list)  # the journal's reports
+    repair: bool = False  # this open found a break or damage: the leader must resend it all
 
 
 def read_entries(payloads: list[bytes], upto: int | None = None) -> Recovery:
@@ -107,6 +108,7 @@ class StateLog:
 
     def open(self) -> Recovery:
         recovery = read_entries(self.journal.open())
+        recovery.repair = bool(recovery.problem) or self.journal.damaged_now
         recovery.damage = self.journal.damage
         if self.journal.damage and not recovery.problem:
             recovery.problem = "frames were damaged (see damage): records may be missing"
@@ -116,6 +118,26 @@ class StateLog:
         """The file becomes a snapshot of ``tables`` followed by ``records``
         (compaction, or cutting a divergent tail). Raises CompactionError."""
         self.journal.rewrite(snapshot_payloads(tables, records))
+
+    @property
+    def _resync_marker(self) -> Path:
+        return self.path.with_name(self.path.name + ".resync")
+
+    def wants_resync(self) -> bool:
+        """A damaged log not yet sent again by a leader (kept across restarts: once the
+        file is compacted, the hole no longer shows)."""
+        return self._resync_marker.exists()
+
+    def set_resync(self, wanted: bool) -> None:
+        if wanted:
+            self._resync_marker.write_bytes(b"")
+        else:
+            self._resync_marker.unlink(missing_ok=True)
+        fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def tables_upto(self, lsn: int) -> Tables:
         """The state after record ``lsn`` as this file holds it (empty if ``lsn`` is

@@ -290,7 +290,7 @@ class Replication:
 
     async def _stream_from(self, link: Link) -> None:
         store = self.store
-        store.advance()  # what this node appended as a leader is on disk: commit it here
+        await store.prepare_to_follow()  # what it appended as a leader commits; damage goes
         last = store.position
         side = FollowerStream((last.epoch, last.lsn), store.tables.history, self.known_epoch())
         await link.send(side.hello())

@@ -117,6 +117,9 @@ class StateStore:
         # None if the lease was lost first; a follower's once the record is on its disk.
         self.uncommitted: deque[tuple[Record, Callback | None, bool]] = deque()
         self.recovery: Recovery | None = None
+        # A damaged log (a hole in the middle): as a follower it is dropped and sent again
+        # whole by the leader (prepare_to_follow), so nothing missing stays missing.
+        self.resync_needed = False
         self.next_lsn = 1
         self.durable = 0  # the last LSN on disk
         self._unwritten = bytearray()  # frames of records not yet written, in LSN order
@@ -150,6 +153,9 @@ class StateStore:
             # the file is rewritten without the hole.
             self.base, self.tail, self._compact = self.tables.lsn, [], True
             self.base_epoch = self.tables.epoch
+        if recovery.repair:
+            self.log.set_resync(True)
+        self.resync_needed = self.log.wants_resync()
         self.recovery = recovery
         self.durable = self.tables.lsn
         self.next_lsn = self.durable + 1
@@ -322,6 +328,16 @@ class StateStore:
         self.uncommitted[-1] = (last, lambda _position: on_durable(last.lsn), False)
         self._wakeup.set()
 
+    async def prepare_to_follow(self) -> None:
+        """Before a follower's hello: what is on disk commits here, and a damaged log is
+        dropped (the leader then sends a snapshot and the records after it)."""
+        self.advance()
+        if self.resync_needed:
+            await self.cut_after(0)
+            await self._blocking(self.log.set_resync, False)
+            self.resync_needed = False
+            log.warning("the damaged state log was dropped: the leader sends it again")
+
     async def cut_after(self, lsn: int) -> None:
         """Drop every record after ``lsn`` (a divergent tail): the tables and the file
         are rebuilt from what the file holds up to it (nothing, if ``lsn`` is before
@@ -419,5 +435,6 @@ class StateStore:
             "snapshot": self.base,
             **self.counters,
             "problem": recovery.problem if recovery else "",
+            "resync_needed": self.resync_needed,
             "damage": recovery.damage if recovery else [],
         }

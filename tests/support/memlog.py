@@ -62,6 +62,7 @@ class MemLog:
         self.torn = 0  # torn tails cut at open
         self.open_count = 0
         self._parsed: tuple[tuple[int, int], Recovery] | None = None
+        self.resync = False  # StateLog's marker file: a damaged log to be sent again
 
     # -- StateLog's interface ------------------------------------------------------
 
@@ -75,7 +76,15 @@ class MemLog:
             del self.content[scan.end :]
             self.durable = min(self.durable, len(self.content))
             self.generation += 1
-        return read_entries(scan.payloads)
+        recovery = read_entries(scan.payloads)
+        recovery.repair = bool(recovery.problem)
+        return recovery
+
+    def wants_resync(self) -> bool:
+        return self.resync
+
+    def set_resync(self, wanted: bool) -> None:
+        self.resync = wanted
 
     def tables_upto(self, lsn: int) -> Tables:
         recovery = read_entries(scan_untrusted(bytes(self.content), MAX_ENTRY).payloads, lsn)
