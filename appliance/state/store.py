@@ -35,7 +35,15 @@ from appliance.errors import RackbootError
 from appliance.journal import CompactionError, frame
 from appliance.logs import get_logger
 from appliance.state.log import Recovery, StateLog, Worker, snapshot_payloads
-from appliance.state.records import EpochHistory, Record, SnapshotEntry, SnapshotHead, encode
+from appliance.state.records import (
+    BadEntry,
+    EpochHistory,
+    Record,
+    SnapshotEntry,
+    SnapshotHead,
+    decode_untrusted,
+    encode,
+)
 from appliance.state.tables import Tables
 
 log = get_logger("state")
@@ -132,7 +140,7 @@ class StateStore:
         self._changed: dict[str, trio.Event] = {}
         self.on_append: list[Callable[[], object]] = []  # replication's send loops
         self.counters = {"writes": 0, "write_failures": 0, "compactions": 0,
-                         "compaction_failures": 0}  # fmt: skip
+                         "compaction_failures": 0, "callback_failures": 0}  # fmt: skip
 
     # -- start-up --------------------------------------------------------------------
 
@@ -233,7 +241,12 @@ class StateStore:
         ):
             raise NotWriter(f"epoch {epoch} is older than the log's")
         record = Record(epoch, self.next_lsn, ns, key, value)
-        self._unwritten += frame(encode(record))  # ValueError when too large: nothing changed
+        data = encode(record)  # ValueError when too large: nothing changed
+        try:  # what a restart or a standby will read back: refused now, not found damaged then
+            decode_untrusted(data)
+        except BadEntry as exc:
+            raise ValueError(f"state record {ns[:64]!r}/{key[:64]!r}: {exc}") from None
+        self._unwritten += frame(data)
         self.next_lsn += 1
         self._unwritten_last = record.lsn
         self.uncommitted.append((record, on_commit, True))
@@ -278,7 +291,12 @@ class StateStore:
             if record.ns in changed:
                 changed.pop(record.ns).set()
             if callback is not None:
-                callback(Position(record.epoch, record.lsn) if leading or not ours else None)
+                try:  # a plugin's bug must not stop the state service (and the node)
+                    callback(Position(record.epoch, record.lsn) if leading or not ours else None)
+                except Exception as exc:
+                    self.counters["callback_failures"] += 1
+                    log.error("a state commit callback failed", ns=record.ns, lsn=record.lsn,
+                              error=f"{type(exc).__name__}: {exc}")  # fmt: skip
         if committed:
             self._committed.set()
             self._committed = trio.Event()

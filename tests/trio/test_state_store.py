@@ -147,3 +147,33 @@ async def test_a_reader_behind_a_compaction_or_off_the_history_starts_from_a_res
         assert isinstance(first, Reset)
         assert first.position == Position(1, 100)
         assert first.items == {f"k{n}": 96 + n for n in range(4)}
+
+
+async def test_a_record_a_reader_would_refuse_is_refused_when_appended(tmp_path):
+    """A 600-character key used to commit, and the next start found the log damaged
+    (0 keys); a standby refused the frame on every redial."""
+    store = await started(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        for ns, key, value in [("ns", "k" * 600, 1), ("n" * 65, "k", 1), ("ns", "k", {1: "x"})]:
+            with pytest.raises(ValueError):
+                store.append(ns, key, value)
+        await store.put("ns", "k", {"ok": 1})
+        nursery.cancel_scope.cancel()
+    store.log.close()
+    again = await started(tmp_path)
+    assert again.get("ns", "k") == {"ok": 1} and not again.status()["problem"]
+
+
+async def test_a_commit_callback_that_raises_is_counted_and_the_store_goes_on(tmp_path):
+    store = await started(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+
+        def broken(position):
+            raise RuntimeError("a plugin's bug")
+
+        store.append("ns", "a", 1, broken)
+        await store.put("ns", "b", 2)
+        assert store.status()["callback_failures"] == 1 and store.get("ns", "a") == 1
+        nursery.cancel_scope.cancel()
