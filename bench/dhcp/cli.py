@@ -596,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         if not {"rackboot", "rackboot-ha"} & set(args.server_list):
             print("bench.dhcp: --profile profiles Rackboot: add it to --servers", file=sys.stderr)
             return 2
+        if args.ha and args.profile == "cprofile":
+            print("bench.dhcp: --ha profiles with py-spy only (--profile py-spy)", file=sys.stderr)
+            return 2
         why = profile.py_spy_available() if args.profile == "py-spy" else None
         if why:
             print(f"bench.dhcp: --profile py-spy: {why}", file=sys.stderr)
