@@ -137,7 +137,7 @@ class Replication:
         if self.election is None:
             return frozenset()
         proposer = self.election.proposer
-        return proposer.granted_ineligible & proposer.wanted_ineligible
+        return (proposer.granted_ineligible & proposer.wanted_ineligible) - self.rule.recounting
 
     async def _eligibility_loop(self) -> None:
         while True:
@@ -150,7 +150,7 @@ class Replication:
         if self.election is not None:
             now, store = trio.current_time(), self.store
             lagging = self.rule.lagging(
-                now, leading=self.node.fence.ok(), last=store.last(),
+                now, leading=self.node.fence.ok(), last=store.last(), committed=store.tables.lsn,
                 pending=store.last() > store.tables.lsn, followers=self.followers,
                 declared=self.election.proposer.wanted_ineligible,
             )  # fmt: skip

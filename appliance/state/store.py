@@ -347,9 +347,12 @@ class StateStore:
         self._wakeup.set()
 
     async def prepare_to_follow(self) -> None:
-        """Before a follower's hello: what is on disk commits here, and a damaged log is
-        dropped (the leader then sends a snapshot and the records after it)."""
+        """Before a follower's hello: what this node appended as a leader is written and
+        commits here (its position must not move after the hello: a record it wrote later
+        would be applied before the leader's of the same LSN), and a damaged log is dropped
+        (the leader then sends a snapshot and the records after it)."""
         self.advance()
+        await self._settled()
         if self.resync_needed:
             await self.cut_after(0)
             await self._blocking(self.log.set_resync, False)
