@@ -386,6 +386,8 @@ class Proposer(LeaseTimes):
             return
         self.valid_until, self.epoch = valid_until, rnd.epoch
         self.granted_ineligible = rnd.ineligible
+        if self.wanted_ineligible != rnd.ineligible:
+            self.next_round = now  # the wish changed while this round was out: tell them now
         self.known_epoch = max(self.known_epoch, rnd.epoch)
         self.handover_wanted = False
         self.last_refusal = ""

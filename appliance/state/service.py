@@ -106,6 +106,7 @@ class Replication:
         self.following: dict[str, Any] = {}  # a standby's view of its leader
         self.refused: dict[str, int] = {}
         self._appended = trio.Event()
+        self._unfollowed_append = trio.Event()
         self.known_epoch: Callable[[], int] = lambda: 0
         store.on_append.append(self._wake_sender)
         self.election: Any = None  # the embedded election, once the HA service made it
@@ -142,7 +143,9 @@ class Replication:
     async def _eligibility_loop(self) -> None:
         while True:
             self.refresh_eligibility()  # timeouts; acknowledgements refresh it at once
-            await trio.sleep(ELIGIBILITY_TICK)
+            with trio.move_on_after(ELIGIBILITY_TICK):
+                await self._unfollowed_append.wait()
+            self._unfollowed_append = trio.Event()
 
     def refresh_eligibility(self) -> None:
         """Tell the election who lags now (it renews at once when that changed), and commit
@@ -225,9 +228,13 @@ class Replication:
                 self._wake_sender()
 
     def _wake_sender(self) -> None:
-        """Records were appended or acknowledged: the send loops look again."""
+        """Records were appended or acknowledged: the send loops look again, and so does the
+        eligibility loop when a standby does not follow (declared at once, not a tick later:
+        a new active's first commit waits for it)."""
         self._appended.set()
         self._appended = trio.Event()
+        if len(self.followers) < len(self.peers):
+            self._unfollowed_append.set()
 
     async def _send_loop(self, link: Link, stream: LeaderStream, scope: trio.CancelScope) -> None:
         fence = self.node.fence

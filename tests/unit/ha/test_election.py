@@ -123,6 +123,22 @@ def test_a_hand_over_to_a_standby_declared_ineligible_waits_until_it_counts_agai
     assert [who for _, who, _ in net.acquisitions()] == [old, new]
 
 
+def test_a_wish_changed_while_a_round_is_out_is_told_by_the_next_round_at_once():
+    """It used to wait for the next scheduled renewal (up to 250 ms): a new active's first
+    commit waits for its declaration of the dead appliance."""
+    net = started("a", "b", delay=0.01)
+    holder = net.holders()[0]
+    other = "b" if holder == "a" else "a"
+    proposer = net.nodes[holder].proposer
+    while proposer.round is None or proposer.round.phase != 2:  # its proposal is out
+        net.run_until(net.now + 0.001)
+    net.nodes[holder].set_ineligible(frozenset({other}), net.now)
+    asked = net.now
+    while proposer.granted_ineligible != {other}:
+        net.run_until(net.now + 0.001)
+    assert net.now - asked < 0.1  # two rounds of 40 ms, not the renewal period
+
+
 def test_a_hand_over_asked_by_a_standby_that_never_catches_up_is_dropped():
     net = started("a", "b")
     old = net.holders()[0]
