@@ -464,4 +464,6 @@ class Proposer(LeaseTimes):
             "quorum": self.quorum,
             "strangers": self.strangers,
             "ineligible": sorted(self.granted_ineligible) if self.holding(now) else [],
+            # what this node means to declare (the next round's set; a release states it)
+            "declaring": sorted(self.wanted_ineligible) if self.holding(now) else [],
         }

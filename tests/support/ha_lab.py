@@ -111,11 +111,17 @@ class Rack:
         if len(actives) != 1:
             return False
         node = self.nodes[actives[0]]
-        ha, status = node.ha(), node.status()
+        # The follower's view first, the acceptors' second: a standby counted again for
+        # commits is still declared until the acceptors granted a round without it, and
+        # the two reads in the other order could each catch a different half of that.
+        status = node.status()
+        ha = node.ha()
         state = status["core"]["state"]
         followers = state.get("replication", {}).get("followers", {})
         return bool(
-            ha and not ha.get("ineligible") and state["lsn"] >= 1 and len(followers) == 1
+            ha and "election" in ha and not ha["election"].get("ineligible")
+            and not ha["election"].get("declaring") and state["lsn"] >= 1
+            and len(followers) == 1
             and all(f["counted"] and f["lag"] == 0 for f in followers.values())
         )
 
