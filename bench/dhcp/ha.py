@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from appliance import control
 from appliance.errors import RackbootError
@@ -140,6 +140,18 @@ class GroupServer(Server):
         why = self.exited()
         if why:
             raise ServerUnavailable(why, self.log)
+
+    def failed_start(self, what: str, exc: BaseException) -> NoReturn:
+        """Keep the logs, stop what started, and say why (ServerUnavailable as it came)."""
+        self._save_logs()
+        self.stop()
+        if isinstance(exc, ServerUnavailable):
+            raise exc
+        raise ServerUnavailable(f"{what} did not start: {str(exc).splitlines()[0]}",
+                                self.log) from None  # fmt: skip
+
+    def _save_logs(self) -> None:
+        raise NotImplementedError
 
     def check_pinned(self) -> None:
         """Every thread of every server process on ``--server-cpu``, or the run is void."""
@@ -300,15 +312,8 @@ class RackHA(GroupServer):
             self.active_name = actives[0]
             self.check_pinned()
             self.probe(cli, time.monotonic() + self.ready_timeout)
-        except (Timeout, AssertionError) as exc:
-            self._save_logs()
-            self.stop()
-            raise ServerUnavailable(f"rack did not start: {str(exc).splitlines()[0]}",
-                                    self.log) from None  # fmt: skip
-        except ServerUnavailable:
-            self._save_logs()
-            self.stop()
-            raise
+        except (Timeout, AssertionError, ServerUnavailable) as exc:
+            self.failed_start("rack", exc)
 
     def profile_pids(self) -> dict[str, int]:
         """The active and the standby: they share the server CPU, so both costs count."""
@@ -502,15 +507,8 @@ class KeaHA(GroupServer):
             self.pair.start()
             self.check_pinned()
             self.probe(cli, time.monotonic() + self.ready_timeout)
-        except (Timeout, AssertionError) as exc:
-            self._save_logs()
-            self.stop()
-            raise ServerUnavailable(f"Kea pair did not start: {str(exc).splitlines()[0]}",
-                                    self.log) from None  # fmt: skip
-        except ServerUnavailable:
-            self._save_logs()
-            self.stop()
-            raise
+        except (Timeout, AssertionError, ServerUnavailable) as exc:
+            self.failed_start("Kea pair", exc)
 
     def profile_pids(self) -> dict[str, int]:
         return {}  # not Python: py-spy cannot tell its stacks
