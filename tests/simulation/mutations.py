@@ -21,7 +21,7 @@ import appliance.state.replication as replication_module
 import appliance.state.service as service_module
 from appliance.ha.fence import Fence
 from appliance.ha.messages import Propose
-from tests.simulation.world import Process
+from tests.simulation.world import DriftClock, Process
 
 Patch = Callable[[object, str, object], None]  # (owner, attribute, replacement)
 
@@ -174,6 +174,12 @@ def follower_waits_for_ever(patch: Patch) -> None:
     patch(service_module, "FOLLOWER_TIMEOUT", math.inf)
 
 
+def deadline_rounded_to_nearest(patch: Patch) -> None:
+    # What the simulation did until its clocks rounded up: a node's deadline could wake its
+    # task one ulp before the node's clock reached it, and the task spun at a stopped clock.
+    patch(DriftClock, "to_trio", lambda self, local: (local - self.offset) / self.rate)
+
+
 MUTATIONS = {
     m.name: m
     for m in (
@@ -204,6 +210,9 @@ MUTATIONS = {
                  "at hello", "replication", "(c)", epoch_floor_at_hello),
         Mutation("follower-waits-for-ever", "a standby follows a silent link for ever",
                  "replication", "(e)", follower_waits_for_ever),
+        Mutation("deadline-rounded-to-nearest", "a node's deadline maps to the nearest "
+                 "instant, maybe one ulp before its clock reads it", "replication",
+                 "livelock", deadline_rounded_to_nearest),
     )
 }  # fmt: skip
 

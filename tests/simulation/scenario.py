@@ -96,6 +96,10 @@ REPLICATION_WEIGHTS = {
     "lease": 1, "lower-lease": 1, "amnesia": 1,
 }  # fmt: skip
 QUIET_END = 3.0  # s at the end of a replicated run with no new request: the logs converge
+# Task steps at one instant of the mock clock beyond which a run is a livelock: a task
+# that wakes itself without waiting (a timer armed in the past) stops the clock, and the
+# seed would spin for ever instead of failing. Seeds take at most ~50 steps an instant.
+LIVELOCK_STEPS = 100_000
 QUIET = {kind: 0 for kind in DEFAULT_WEIGHTS} | {"heal": 1}  # nothing but the start state
 DEFAULT = timings(1.0, 0.25, 0.15)
 BOUND = timings(1.0, 0.25)
@@ -222,11 +226,29 @@ def _world(seed: int, seed_set: SeedSet) -> World:
 LAST: list[World] = []  # the world of the last run in this process (to debug one seed)
 
 
+class _Livelock(trio.abc.Instrument):
+    """Ends the run as a violation when the mock clock stops while tasks keep running."""
+
+    def __init__(self, world: World, scope: trio.CancelScope) -> None:
+        self.world, self.scope = world, scope
+        self.at, self.steps = -1.0, 0
+
+    def before_task_step(self, task) -> None:
+        now = trio.current_time()
+        if now != self.at:
+            self.at, self.steps = now, 0
+        elif (steps := self.steps + 1) == LIVELOCK_STEPS:
+            self.world.checker.fail(f"livelock: {steps} task steps without the clock moving")
+            self.scope.cancel()
+        self.steps += 1
+
+
 async def _run(seed: int, seed_set: SeedSet, duration: float, keep_trace: bool) -> Result:
     world = _world(seed, seed_set)
     LAST[:] = [world]
     world.trace = [] if keep_trace else None
     async with trio.open_nursery() as nursery:
+        trio.lowlevel.add_instrument(_Livelock(world, nursery.cancel_scope))
         world.nursery = nursery
         nursery.start_soon(world.network.run)
         nursery.start_soon(world.network.adversary)

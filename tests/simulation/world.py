@@ -51,7 +51,13 @@ class DriftClock:
         return self.offset + self.rate * trio.current_time()
 
     def to_trio(self, local: float) -> float:
-        return (local - self.offset) / self.rate
+        """The first instant of true time at which this clock reads ``local`` or later.
+        Rounded to nearest, a deadline could wake its task one ulp early: the task finds
+        its lease still valid, arms the same deadline and the mock clock never moves."""
+        at = (local - self.offset) / self.rate
+        while self.offset + self.rate * at < local:
+            at = math.nextafter(at, math.inf)
+        return at
 
 
 @dataclass
