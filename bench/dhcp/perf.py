@@ -69,7 +69,7 @@ class PerfResult:
     others: list[str] = field(default_factory=list)  # the busiest of those processes
     server_cpu_s: float | None = None  # CPU time the server used during the run (all threads)
     client_cpu_s: float | None = None  # CPU time perfdhcp used
-    server_stats: dict[str, Any] = field(default_factory=dict)  # e.g. Rackboot's journal counters
+    server_stats: dict[str, Any] = field(default_factory=dict)  # e.g. Rackboot's state log writes
     profile: str | None = None  # the profile file of this run (--profile)
     profiles: dict[str, str] = field(default_factory=dict)  # py-spy: process label -> file
 
@@ -117,9 +117,13 @@ class PerfResult:
             cpu = f"  server cpu {self.server_cpu_pct:3.0f}%"
             if self.cpu_us_per_dora is not None:
                 cpu += f" {self.cpu_us_per_dora:4.0f} µs/DORA"
-        journal = self.server_stats.get("journal") or {}
-        if journal.get("batches"):
-            cpu += f"  fsync batches {journal['batches']} ({journal['records'] / journal['batches']:.1f} rec)"
+        log = self.server_stats.get("state_log") or {}
+        if log.get("batches"):
+            cpu += f"  log fdatasync batches {log['batches']} ({log['records'] / log['batches']:.1f} rec)"
+            if log.get("write_failures"):
+                cpu += f" !!! {log['write_failures']} failed writes"
+            if log.get("since") == "start":
+                cpu += " since node start"
         repl = self.server_stats.get("replication")
         if repl is not None:
             if repl.get("ok"):

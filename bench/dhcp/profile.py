@@ -3,9 +3,11 @@
 * **py-spy** (``pip install py-spy``) attaches to the running server by PID for
   the length of the perfdhcp run and samples every thread (``--threads
   --idle``). The raw collapsed stacks are saved; :func:`summarize_collapsed`
-  separates waits (epoll, an idle worker, fdatasync) from work and shows where
-  the main thread's busy time goes: a few areas of the hot path (inclusive) and
-  the busiest source lines (self), in percent of its busy samples.
+  separates waits (epoll, an idle trio worker or state log writer, the log's
+  fdatasync) from work per thread (the main thread, the state log's writer
+  ``state-log``, the others) and shows where the main thread's busy time goes: a
+  few areas of the hot path (inclusive) and the busiest source lines (self), in
+  percent of its busy samples.
 * **cProfile** wraps the server (``python -m cProfile -o FILE -m appliance``):
   deterministic but it slows Python code about 2x, so its percentages lean
   towards Python-heavy parts; the saved ``.pstats`` opens with ``pstats``.
@@ -26,7 +28,8 @@ PY_SPY_RATE = 200  # samples per second
 
 # Areas of the main thread's work, matched against frames "function (path:line)". A
 # sample counts for every area one of its frames belongs to (inclusive time), so
-# nested areas overlap (handle contains parse_untrusted, _discover, _request...).
+# nested areas overlap (handle contains parse_untrusted, _discover, _request...; a
+# group commit's StateStore.advance runs the commit callbacks: _durable, _send).
 AREAS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern))
     for name, pattern in (
@@ -37,28 +40,48 @@ AREAS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("server: _request", r"\b_request \(plugins/dhcp/server\.py"),
         ("server: _reply (options, boot, build)", r"\b_reply \(plugins/dhcp/server\.py"),
         ("codec: build", r"\bbuild \(plugins/dhcp/codec\.py"),
-        ("leases: LeaseTable.apply", r"\bLeaseTable\.apply \(plugins/dhcp/leases\.py"),
-        ("store: LeaseStore.commit (encode, frame)", r"\bLeaseStore\.commit \(plugins/dhcp/store"),
+        ("leases: lease table and view (plugins/dhcp/leases.py)", r"\(plugins/dhcp/leases\.py"),
+        ("lease store: LeaseStore.commit (lease -> state records)", r"\bLeaseStore\.commit \(plugins/dhcp/store\.py"),
+        ("changefeed: LeaseStore.follow (committed leases -> table)", r"\bLeaseStore\.follow \(plugins/dhcp/store\.py"),
+        ("state: StateStore.append / append_replicated (encode, frame)", r"\bStateStore\.append(_replicated)? \(appliance/state/store\.py"),
+        ("state: StateStore._write (group commit, trio side)", r"\bStateStore\._write \(appliance/state/store\.py"),
+        ("state: hand-off to the log's writer thread", r"\bWorker\.__call__ \(appliance/state/log\.py"),
+        ("state: StateStore.advance (commit, callbacks)", r"\bStateStore\.advance \(appliance/state/store\.py"),
         ("service: _send (sendto)", r"\b_send \(plugins/dhcp/service\.py"),
-        ("service: _durable (after fdatasync)", r"\b_durable \(plugins/dhcp/service\.py"),
+        ("service: _durable (after the commit)", r"\b_durable \(plugins/dhcp/service\.py"),
+        ("replication (appliance/state/replication.py, service.py)", r"\(appliance/state/(replication|service)\.py"),
+        ("signing: Ed25519 frames (appliance/state/signing.py)", r"\(appliance/state/signing\.py"),
+        ("ha: election, VIP (appliance/ha/)", r"\(appliance/ha/"),
         ("metrics (ours and prometheus_client)", r"plugins/dhcp/metrics\.py|prometheus_client/"),
-        ("journal: GroupCommitter.flush (trio side)", r"\bGroupCommitter\.flush \(appliance/journal"),
         ("trio: to_thread machinery", r"trio/_threads\.py|trio/_core/_thread_cache\.py"),
     )
 )  # fmt: skip
 
 # Leaf frames where a thread waits rather than computes (py-spy's own idle
 # detection misses lock and epoll waits, so all samples are taken with --idle).
+# The state log's writer thread (appliance/state/log.py ``Worker``) waits for a job
+# in ``Worker._serve`` (queue.get) and runs each group commit's
+# ``JournalFile.append`` (appliance/journal.py), whose only blocking call of its
+# own is ``os.fdatasync`` (the write itself is in ``_write_all``).
 WAITS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern))
     for name, pattern in (
         ("waiting in epoll (idle)", r"\bget_events \(trio/_core/_io_epoll\.py"),
         ("worker idle (no job)", r"\bWorkerThread\._work \(trio/_core/_thread_cache\.py"),
+        ("log writer idle (no job)", r"\bWorker\._serve \(appliance/state/log\.py"),
         ("in fdatasync", r"\bJournalFile\.append \(appliance/journal\.py"),
     )
 )  # fmt: skip
 
-_OURS = re.compile(r"\((plugins/|appliance/journal\.py)")
+# Our code, as opposed to trio's scheduler and the interpreter. Every main-thread
+# stack starts in appliance/__main__.py and appliance/cli.py (cmd_run): those
+# frames say nothing about where the time goes, so they are not "ours" here.
+_OURS = re.compile(r"\((plugins/|appliance/(?!__main__\.py|cli\.py))")
+# The main thread, when py-spy gives no thread name: its stack starts at the module.
+_MAIN_ROOT = re.compile(r"^(_run_module_as_main \(|<module> \()")
+# Threads by name: the state log's writer has its own line; trio's cache threads
+# ("Trio thread N", renamed after their job while they run one) and the rest share one.
+LOG_WRITER = "state-log"
 _FRAME_LINE = re.compile(r"^(?P<func>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -123,10 +146,21 @@ def read_collapsed(paths: list[Path]) -> Counter[tuple[str, ...]]:
             if not stack or not count.isdigit():
                 continue
             frames = stack.split(";")
-            thread = re.sub(r"^thread \(\d+\): ", "", frames[0])
-            thread = "MainThread" if thread == "MainThread" else "worker threads"
-            stacks[(thread, *(_short(f) for f in frames[1:]))] += int(count)
+            rest = frames[1:]
+            stacks[(_thread(frames[0], rest), *(_short(f) for f in rest))] += int(count)
     return stacks
+
+
+def _thread(root: str, frames: list[str]) -> str:
+    """The group a py-spy thread root (``thread (1234): MainThread``, or ``thread (1234)``
+    without a name, or ``thread (0x7f…): name``) belongs to: ``MainThread``, the state
+    log's writer, or the other threads (trio's worker threads, mostly)."""
+    name = re.sub(r"^thread \((0x)?[0-9a-fA-F]+\)(: )?", "", root)
+    if name == "MainThread" or (not name and frames and _MAIN_ROOT.match(frames[0])):
+        return "MainThread"
+    if name == LOG_WRITER:
+        return f"{LOG_WRITER} (the state log's writer thread)"
+    return "other threads"
 
 
 def summarize_collapsed(stacks: Counter[tuple[str, ...]], top: int = 25) -> str:
@@ -148,10 +182,10 @@ def summarize_collapsed(stacks: Counter[tuple[str, ...]], top: int = 25) -> str:
         return "no samples (py-spy could not attach?)"
     out = [f"py-spy at {PY_SPY_RATE}/s, all samples (--idle):"]
     for thread, n in per_thread.most_common():
-        parts = [
-            f"{100.0 * w / n:.1f}% {name}" for (t, name), w in waits.most_common() if t == thread
-        ]
-        out.append(f"  {thread}: {n} samples; " + ("; ".join(parts) or "no waits seen"))
+        mine = [(name, w) for (t, name), w in waits.most_common() if t == thread]
+        parts = [f"{100.0 * w / n:.1f}% {name}" for name, w in mine]
+        parts.append(f"{100.0 * (n - sum(w for _, w in mine)) / n:.1f}% busy")
+        out.append(f"  {thread}: {n} samples; " + "; ".join(parts))
     total = sum(busy.values())
     if not total:
         return "\n".join([*out, "the main thread never looked busy"])

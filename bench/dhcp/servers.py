@@ -461,11 +461,56 @@ class Rackboot(Server):
             f"rackboot not ready within {self.ready_timeout:.0f} s ({last})", self.log
         )
 
+    # The state log's counters in `rackboot status --json` (appliance/state/store.py
+    # StateStore.status, under "core" -> "state"): ``writes`` counts group commits (one write
+    # and one fdatasync each, by the log's writer thread) and ``durable`` is the last
+    # LSN on disk, so its growth is the records those writes carried.
+    LOG_COUNTERS = ("writes", "durable", "write_failures")
+    log_before: dict[str, int] | None = None
+
+    def load_started(self) -> None:
+        """The state log's counters just before perfdhcp starts (after the node's start-up
+        and the probe's DORA), so that :meth:`after_run` counts the run's writes alone.
+        Asked in-process over the control socket (a path, reachable from any network
+        namespace): a ``rackboot status`` process would delay the load by its start-up."""
+        self.log_before = self._log_counters(self._status_here())
+
+    def _status_here(self) -> dict[str, Any] | None:
+        from appliance import control
+        from appliance.errors import RackbootError
+
+        try:
+            return control.call(str(self.data_dir / "control.sock"), "status", timeout=5.0)
+        except (RackbootError, OSError):
+            return None
+
+    @classmethod
+    def _log_counters(cls, status: dict[str, Any] | None) -> dict[str, int] | None:
+        state = ((status or {}).get("core") or {}).get("state") or {}
+        if not all(isinstance(state.get(k), int) for k in cls.LOG_COUNTERS):
+            return None
+        return {k: state[k] for k in cls.LOG_COUNTERS}
+
     def after_run(self, srv: Host) -> dict[str, Any]:
-        """Journal and message counters of the run, read before the node is stopped."""
-        status = self.status(srv) or {}
+        """The state log's group commits and the message counters of the run, read before
+        the node is stopped. ``state_log``: ``batches`` (writes, each one write + fdatasync)
+        and ``records`` (LSNs made durable by them) during the load, or since the node
+        started (``since: "start"``) when the counters before the load could not be read;
+        empty when the node did not answer."""
+        status = self._status_here() or {}
+        after = self._log_counters(status)
+        before, self.log_before = self.log_before, None
+        log: dict[str, Any] = {}
+        if after is not None:
+            since, base = ("load", before) if before else ("start", dict.fromkeys(after, 0))
+            log = {
+                "batches": after["writes"] - base["writes"],
+                "records": after["durable"] - base["durable"],
+                "write_failures": after["write_failures"] - base["write_failures"],
+                "since": since,
+            }
         dhcp = status.get("dhcp", {})
-        return {"journal": dhcp.get("journal", {}), "messages": dhcp.get("messages", {})}
+        return {"state_log": log, "messages": dhcp.get("messages", {})}
 
 
 SERVERS: dict[str, type[Server]] = {
