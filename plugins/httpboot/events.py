@@ -30,10 +30,15 @@ import msgpack
 STAGE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
 STATUSES = ("started", "progress", "ok", "failed")
 MAX_MESSAGE = 1024
+MAX_CLIENT = 64  # the client's address as text
 MAX_RECORD_BYTES = 4 * MAX_MESSAGE + 256  # UTF-8 message plus the fixed fields
 RECORD_VERSION = 1
 _EVENT, _CLEARED = 0, 1
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # tab and newline are fine in a message
+# Tab and newline are fine in a message. Refused: the other C0 controls and DEL, the C1
+# controls (U+0080-U+009F: U+009B is a one-character terminal CSI, U+0085 a line break
+# to some readers) and the bidirectional embeddings, overrides and isolates, which make
+# a log line or an operator's screen show text in another order than it was sent.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 EVENTS_NS = "httpboot.events"
 CLEARED = "cleared"
@@ -78,7 +83,9 @@ def parse_event_untrusted(body: bytes, max_bytes: int) -> tuple[str, str, str]:
     if len(body) > max_bytes:
         raise BadEvent(f"body over {max_bytes} bytes")
     try:
-        document = json.loads(body)
+        document = json.loads(body, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise BadEvent(f"duplicate key {str(exc)[:40]!r}") from None
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise BadEvent("body is not JSON") from None
     if not isinstance(document, dict):
@@ -92,9 +99,40 @@ def parse_event_untrusted(body: bytes, max_bytes: int) -> tuple[str, str, str]:
         raise BadEvent("stage: expected 1-32 of a-z 0-9 _ . - (starting with a letter or digit)")
     if status not in STATUSES:
         raise BadEvent(f"status: expected one of {', '.join(STATUSES)}")
-    if not isinstance(message, str) or len(message) > MAX_MESSAGE or _CONTROL.search(message):
+    if not _text_ok(message, MAX_MESSAGE):
         raise BadEvent(f"message: expected text of at most {MAX_MESSAGE} characters")
     return stage, status, message
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: with ``{"status": "ok", "status":
+    "failed"}`` two readers (a proxy, a log, this server) may each see another event."""
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise _DuplicateKey(key)
+        document[key] = value
+    return document
+
+
+def _text_ok(text: object, limit: int) -> bool:
+    return isinstance(text, str) and len(text) <= limit and not _CONTROL.search(text)
+
+
+def _texts_ok(stage: object, status: object, message: object, client: object) -> bool:
+    """An event's texts as a post would have been accepted: what another writer (the
+    state log of a peer, an old journal) hands over is held to the same rules."""
+    return (
+        isinstance(stage, str)
+        and STAGE.fullmatch(stage) is not None
+        and status in STATUSES
+        and _text_ok(message, MAX_MESSAGE)
+        and _text_ok(client, MAX_CLIENT)
+    )
 
 
 # -- state entries -------------------------------------------------------------------
@@ -138,12 +176,8 @@ def from_entry_untrusted(key: str, value: Any) -> Event | Cleared:
         return Cleared(mac, cleared)
     when = value.get("time")
     texts = [value.get(f, "") for f in _FIELDS[1:]]
-    if (
-        not isinstance(when, int | float)
-        or isinstance(when, bool)
-        or not all(isinstance(t, str) for t in texts)
-    ):
-        raise CorruptRecord(f"{key}: fields of the wrong type")
+    if not isinstance(when, int | float) or isinstance(when, bool) or not _texts_ok(*texts):
+        raise CorruptRecord(f"{key}: fields of the wrong type or refused text")
     return Event(mac, seq, float(when), *texts)
 
 
@@ -324,9 +358,6 @@ def decode_record_untrusted(payload: bytes) -> Event | Cleared:
     if kind != _EVENT or len(fields) != 9:
         raise CorruptRecord("record of unknown kind")
     time, stage, status, message, client = fields[4:]
-    if not (
-        isinstance(time, int | float)
-        and all(isinstance(v, str) for v in (stage, status, message, client))
-    ):
-        raise CorruptRecord("record with fields of the wrong type")
+    if not isinstance(time, int | float) or not _texts_ok(stage, status, message, client):
+        raise CorruptRecord("record with fields of the wrong type or refused text")
     return Event(text, seq, float(time), stage, status, message, client)

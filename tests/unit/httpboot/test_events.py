@@ -26,6 +26,12 @@ from plugins.httpboot.events import (
 )
 
 MAC = "52:54:00:12:34:56"
+# C0 but tab and newline, DEL, C1 (NEL U+0085 and the one-character CSI U+009B among them),
+# the bidirectional embeddings, overrides (U+202A-U+202E) and isolates (U+2066-U+2069)
+CONTROLS_REFUSED = [
+    "\x00", "\x1b", "\x7f", "\x80", "\x85", "\x9b", "\x9f",
+    "\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069",
+]  # fmt: skip
 
 
 def body(**fields) -> bytes:
@@ -60,6 +66,19 @@ def test_a_valid_event():
         (body(stage="x", status="ok", message=5), "message"),
         (body(stage="x", status="ok", message="m" * 1025), "message"),
         (body(stage="x", status="ok", message="\x1b[2J"), "message"),  # no terminal escapes
+        (b'{"stage":"x","status":"ok","status":"failed"}', "duplicate key 'status'"),
+        (b'{"stage":"x","stage":"x","status":"ok"}', "duplicate key 'stage'"),
+        (b'{"stage":"x","status":"ok","message":"a","message":"a"}', "duplicate key 'message'"),
+        (b'{"stage":"x","status":"ok","message":{"a":1,"a":2}}', "duplicate key 'a'"),
+        *(
+            (f'{{"stage":"x","status":"ok","message":"a{char}b"}}'.encode(), "message")
+            for char in CONTROLS_REFUSED
+            if char >= "\x7f"  # raw UTF-8 (raw C0 in a string is not JSON at all)
+        ),
+        *(  # and as JSON escapes
+            (body(stage="x", status="ok", message=f"a{char}b"), "message")
+            for char in CONTROLS_REFUSED
+        ),
         (b" " * 5000, "over 4096 bytes"),
     ],
     ids=lambda value: value[:20] if isinstance(value, bytes) else value,
@@ -67,6 +86,23 @@ def test_a_valid_event():
 def test_refused_events_say_which_rule(raw, rule):
     with pytest.raises(BadEvent, match=rule.replace("[", r"\[")):
         parse_event_untrusted(raw, 4096)
+
+
+@pytest.mark.parametrize("char", CONTROLS_REFUSED, ids=lambda c: f"U+{ord(c):04X}")
+def test_entries_and_journal_records_refuse_what_a_post_may_not_carry(char):
+    """A peer's state entry or an old journal's record is parsed under the same rules."""
+    event = Event(MAC, 7, 1.0e9, "installed", "ok", f"a{char}b", "10.0.0.5")
+    with pytest.raises(CorruptRecord):
+        from_entry_untrusted(*entry(event))
+    with pytest.raises(CorruptRecord):
+        decode_record_untrusted(encode_record(event))
+
+
+def test_neighbours_of_the_refused_ranges_are_accepted():
+    text = "tab\tnewline\n\u00a0\u2029\u202f\u2065\u206a dönë"
+    assert parse_event_untrusted(body(stage="x", status="ok", message=text), 4096)[2] == text
+    event = Event(MAC, 7, 1.0e9, "installed", "ok", text, "10.0.0.5")
+    assert from_entry_untrusted(*entry(event)) == event
 
 
 def test_sequence_numbers_are_reserved_and_rise():
