@@ -12,6 +12,9 @@ refusals (:class:`Denied`, :class:`NotFound`) onto its own error codes.
 * Symlinks are resolved: a target inside the root is served, one outside it
   :class:`Denied`. Non-regular files (directories, devices, FIFOs) are
   :class:`Denied`; a name that does not exist is :class:`NotFound`.
+* Any filesystem error while resolving (a symlink swapped or removed under
+  the resolver) is one of the two as well, never an exception of its own: a
+  request always gets an answer.
 
 Refusals carry only what the client asked for, never the server's root path.
 """
@@ -50,6 +53,21 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def _realpath(path: str | Path, requested: str) -> str:
+    """``os.path.realpath``, its filesystem errors turned into refusals.
+
+    Non-strict realpath still calls readlink() on what lstat() just saw as a
+    symlink: a link swapped or removed in between (``ln -sfn``, a sync tool)
+    raises EINVAL or ENOENT. Such a request must get an answer, not an exception.
+    """
+    try:
+        return os.path.realpath(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise NotFound(requested) from None
+    except OSError:
+        raise Denied(requested) from None
+
+
 def resolve_untrusted(root: Path, requested: str) -> Path:
     """The real path of the regular file ``requested`` names under ``root``, or :class:`Refused`."""
     if not requested or "\0" in requested or "\\" in requested:
@@ -58,8 +76,8 @@ def resolve_untrusted(root: Path, requested: str) -> Path:
     parts = relative.split("/")
     if not relative or ".." in parts:
         raise Denied(requested)
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(os.path.join(real_root, relative))
+    real_root = _realpath(root, requested)
+    real = _realpath(os.path.join(real_root, relative), requested)
     if not _inside(real, real_root) or real == real_root:
         raise Denied(requested)
     try:
@@ -95,7 +113,7 @@ def open_confined(root: Path, requested: str) -> tuple[BinaryIO, os.stat_result]
             actual = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             actual = str(path)  # no /proc: O_NOFOLLOW and the resolution above must do
-        if not stat.S_ISREG(st.st_mode) or not _inside(actual, os.path.realpath(root)):
+        if not stat.S_ISREG(st.st_mode) or not _inside(actual, _realpath(root, requested)):
             raise Denied(requested)
         return os.fdopen(fd, "rb", buffering=0), st
     except BaseException:

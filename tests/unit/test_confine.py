@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -160,3 +163,47 @@ def test_open_file_streams_by_offset(tree):
     with handle:
         assert os.pread(handle.fileno(), 6, st.st_size - 6) == b"pxepxe"
         assert handle.fileno() >= 0 and not os.get_inheritable(handle.fileno())
+
+
+def flip_forever(cur: Path, stop: threading.Event, limit: float) -> None:
+    """Turn ``cur`` into a symlink, a regular file and nothing, over and over, until
+    ``stop`` (or ``limit`` seconds): each state a resolver may meet half-way through."""
+    spare = cur.with_name("spare")
+    deadline = time.monotonic() + limit
+    while not stop.is_set() and time.monotonic() < deadline:
+        spare.symlink_to("boot")
+        os.replace(spare, cur)  # a symlink to a directory inside the root
+        spare.write_bytes(b"plain")
+        os.replace(spare, cur)  # no longer a symlink: readlink() of it says EINVAL
+        os.unlink(cur)  # gone: lstat()/readlink() say ENOENT
+
+
+def test_resolution_racing_a_symlink_swap_only_refuses(tmp_path):
+    """A symlink swapped while a name resolves (an operator's `ln -sfn`, a sync tool)
+    made os.path.realpath raise OSError (EINVAL, ENOENT) past the refusals: TFTP then
+    answered nothing, HTTP a 500. Every outcome must be a file or a refusal."""
+    root = tmp_path / "root"
+    (root / "boot").mkdir(parents=True)
+    (root / "boot" / "pxelinux.0").write_bytes(b"pxe")
+    stop = threading.Event()
+    flipper = threading.Thread(target=flip_forever, args=(root / "cur", stop, 10.0))
+    flipper.start()
+    outcomes: Counter[str] = Counter()
+    try:
+        deadline = time.monotonic() + 3.0
+        for _ in range(20_000):
+            if time.monotonic() > deadline:
+                break
+            for attempt in (resolve_untrusted, open_confined):
+                try:
+                    found = attempt(root, "cur/pxelinux.0")
+                except Refused as refused:
+                    outcomes[type(refused).__name__] += 1
+                else:
+                    outcomes["served"] += 1
+                    if isinstance(found, tuple):
+                        found[0].close()
+    finally:
+        stop.set()
+        flipper.join(timeout=10)
+    assert outcomes["served"] and outcomes["NotFound"], outcomes  # the race was run
