@@ -14,7 +14,12 @@ or of one not sent, changes nothing and sends nothing (no Sorcerer's Apprentice)
 an ACK inside the window slides it and resends from the block after (RFC 7440).
 A timeout resends the window from the first unacknowledged block, doubling the
 wait up to ``max_timeout``; ``retries`` timeouts in a row without progress end the
-transfer with no ERROR sent.
+transfer with no ERROR sent. Until the client has acknowledged anything (the
+OACK or block 1: ``verified``), the source address may be forged and nobody may
+be listening, so such a transfer ends after ``unverified_retries`` timeouts
+(default 2: three sends over 7 s at the default timeouts, against 31 s for a
+transfer that made progress); a flood of requests never answered frees its
+slots that much sooner (docs/tftp.md, "Admission").
 
 netascii (``netascii=True``) turns LF into CR LF and CR into CR NUL as blocks are
 cut; the size sent is then not known up front, so the shell offers no ``tsize``
@@ -107,6 +112,7 @@ class ReadTransfer:
         *,
         netascii: bool = False,
         retries: int = 5,
+        unverified_retries: int = 2,
         initial_timeout: float = 1.0,
         max_timeout: float = 8.0,
     ) -> None:
@@ -121,6 +127,8 @@ class ReadTransfer:
         self._cap = max(self._base, max_timeout)
         self._timeout = self._base
         self._retries = retries
+        self._unverified_retries = min(retries, unverified_retries)
+        self._oack_acked = False  # the client acknowledged our OACK (ACK 0)
         self._attempts = 0  # timeouts since the last progress
         self._state = _OACK if self._oack else _DATA
         self._acked = 0  # every block <= acked is acknowledged (0: the OACK, or nothing yet)
@@ -139,6 +147,11 @@ class ReadTransfer:
         self.bytes_sent = 0
         self.retransmits = 0
         self.malformed = 0
+
+    @property
+    def verified(self) -> bool:
+        """The client acknowledged something: it is at its address and listening."""
+        return self._acked > 0 or self._oack_acked
 
     @property
     def done(self) -> bool:
@@ -177,7 +190,7 @@ class ReadTransfer:
         self._timer = None
         self.fast_ack = self.fast_data = None
         self._attempts += 1
-        if self._attempts > self._retries:
+        if self._attempts > (self._retries if self.verified else self._unverified_retries):
             # No ERROR: a client that hears nothing from us would not hear it either.
             self._finish(TransferFailed(ErrorCode.NOT_DEFINED, "timed out"))
             return
@@ -196,6 +209,17 @@ class ReadTransfer:
                 self._arm_fast_path()
         out, self._out = self._out, []
         return out
+
+    def evict(self) -> None:
+        """The server takes this transfer's slot for another client (docs/tftp.md,
+        "Admission"). A verified client is told (ERROR 0, ``datagrams_to_send``); an
+        unverified source gets nothing, as it may be forged."""
+        if self._state is _DONE:
+            return
+        if self.verified:
+            self._fail(ErrorCode.NOT_DEFINED, "server busy, try again later")
+        else:
+            self._finish(TransferFailed(ErrorCode.NOT_DEFINED, "evicted"))
 
     def ack_next(self, now: float) -> None:
         """``fast_ack`` arrived and the shell sent ``fast_data``: finish the transition.
@@ -247,6 +271,7 @@ class ReadTransfer:
     def _on_ack(self, wire: int) -> None:
         if self._state is _OACK:
             if wire == 0:
+                self._oack_acked = True
                 self._state = _DATA
                 self._progress()
                 self._send_from = 1

@@ -126,24 +126,79 @@ def test_window_ack_inside_window_restarts_after_it_once():
     assert [p.block for p in packets(server, 0.0)] == [7, 8, 9, 10]
 
 
-def test_timeouts_back_off_exponentially_then_give_up():
-    server = ReadTransfer(reader_for(b"x" * 600), 600, Options(), 10.0, retries=5)
-    assert packets(server, 10.0) == [Data(1, b"x" * 512)]
-    assert server.get_timer() == 11.0
-    server.handle_timer(10.9)  # early: nothing
-    assert server.datagrams_to_send(10.9) == []
-    now, gaps = 10.0, []
+def timeout_gaps(server, now):
+    """Let every timer fire until the transfer ends: the gaps between them, and what
+    the last timer sent."""
+    gaps, sent = [], None
     while not server.done:
         deadline = server.get_timer()
         gaps.append(deadline - now)
         now = deadline
         server.handle_timer(now)
-        sent = packets(server, now)
-        assert sent in ([Data(1, b"x" * 512)], [])
+        sent = server.datagrams_to_send(now)
+    return gaps, sent
+
+
+def test_timeouts_back_off_exponentially_then_give_up():
+    server = ReadTransfer(reader_for(b"x" * 1000), 1000, Options(), 10.0, retries=5)
+    assert packets(server, 10.0) == [Data(1, b"x" * 512)]
+    server.receive_datagram(encode_ack(1), 10.0)  # the client is there: the full retries
+    assert packets(server, 10.0) == [Data(2, b"x" * 488)]
+    assert server.verified and server.get_timer() == 11.0
+    server.handle_timer(10.9)  # early: nothing
+    assert server.datagrams_to_send(10.9) == []
+    gaps, sent = timeout_gaps(server, 10.0)
     assert gaps == [1, 2, 4, 8, 8, 8]  # capped at max_timeout
     assert server.retransmits == 5
     assert server.next_event() == TransferFailed(ErrorCode.NOT_DEFINED, "timed out")
     assert sent == []  # no ERROR to a client that hears nothing
+
+
+def test_a_transfer_never_acknowledged_gives_up_after_two_retransmissions():
+    """Its source may be forged (a flood of RRQs): the slot is freed after 7 s, not 31."""
+    server = ReadTransfer(reader_for(b"x" * 1000), 1000, Options(), 0.0, retries=5)
+    assert packets(server, 0.0) == [Data(1, b"x" * 512)]
+    gaps, sent = timeout_gaps(server, 0.0)
+    assert gaps == [1, 2, 4] and server.retransmits == 2 and sent == []
+    assert not server.verified
+    assert server.next_event() == TransferFailed(ErrorCode.NOT_DEFINED, "timed out")
+
+
+def test_an_acknowledged_oack_verifies_the_client():
+    options = negotiate({"blksize": "1024"}, file_size=5000, max_blksize=1468)
+    server = ReadTransfer(reader_for(b"x" * 5000), 5000, options, 0.0, retries=4)
+    packets(server, 0.0)
+    assert not server.verified
+    server.receive_datagram(encode_ack(0), 0.5)
+    assert server.verified
+    assert packets(server, 0.5) == [Data(1, b"x" * 1024)]
+    gaps, _ = timeout_gaps(server, 0.5)
+    assert len(gaps) == 5  # retries=4: the verified limit
+
+
+def test_unverified_retries_never_exceed_retries():
+    server = ReadTransfer(reader_for(b"x"), 1, Options(), 0.0, retries=1, unverified_retries=3)
+    packets(server, 0.0)
+    assert timeout_gaps(server, 0.0)[0] == [1, 2]
+
+
+def test_evicting_an_unverified_transfer_sends_nothing():
+    server = ReadTransfer(reader_for(b"x" * 1000), 1000, Options(), 0.0)
+    packets(server, 0.0)
+    server.evict()
+    assert server.done and server.datagrams_to_send(0.1) == [] and server.get_timer() is None
+    assert server.next_event() == TransferFailed(ErrorCode.NOT_DEFINED, "evicted")
+
+
+def test_evicting_a_verified_transfer_tells_the_client():
+    server = ReadTransfer(reader_for(b"x" * 1000), 1000, Options(), 0.0)
+    packets(server, 0.0)
+    server.receive_datagram(encode_ack(1), 0.1)
+    server.evict()
+    assert packets(server, 0.1) == [Error(ErrorCode.NOT_DEFINED, "server busy, try again later")]
+    assert server.done and server.fast_ack is None
+    server.evict()  # once ended, nothing more
+    assert server.datagrams_to_send(0.2) == []
 
 
 def test_timeout_option_sets_the_base_and_progress_resets_backoff():
