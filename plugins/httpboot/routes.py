@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -103,9 +104,18 @@ class BuiltinRoutes:
     def static(self, request: Request) -> Response:
         try:
             handle, st = confine.open_confined(self.root, request.params["path"])
-        except confine.NotFound:
+        except (confine.NotFound, FileNotFoundError, NotADirectoryError):
             return Response.error(404)
         except confine.Refused:
+            return Response.error(403)
+        except OSError as exc:
+            # The root changing under the resolution (a symlink swapped between two of its
+            # system calls: ELOOP, EINVAL from readlink, ...) or a failing disk: whatever
+            # it was, this name cannot be served now, and the request is not the server's
+            # fault (never a 500). The errno only, never the path, in the log.
+            log.info(
+                "file refused: resolving it failed", errno=errno.errorcode.get(exc.errno or 0, "?")
+            )
             return Response.error(403)
         return Response.file(handle, st)
 

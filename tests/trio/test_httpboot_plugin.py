@@ -79,6 +79,28 @@ def address(listening: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def builtin_routes(tmp_path: Path, **overrides):
+    """The built-in routes over a real state store of their own (not started), outside a
+    node: for the routes' decisions one by one."""
+    from appliance.ha.fence import Fence
+    from appliance.state.store import StateStore
+    from plugins.httpboot.routes import BootPolicy, BuiltinRoutes
+    from plugins.httpboot.script import Profile
+    from plugins.httpboot.stats import Stats
+    from plugins.httpboot.store import EventStore
+
+    state = StateStore(tmp_path / "state", Fence(trio.current_time))
+    state.load()
+    arguments = dict(
+        root=tmp_path, policy=BootPolicy({"default": Profile("default", "vmlinuz", (), "")}, {},
+                                         "default"),
+        secret=Secret(state), store=EventStore(state, 16), stats=Stats(), public_url="",
+        admin_token="", max_event_bytes=4096, is_active=lambda: True, status=dict,
+        metrics=None, script_hook=lambda **kw: None, event_hook=lambda event: None,
+    )  # fmt: skip
+    return BuiltinRoutes(**{**arguments, **overrides})
+
+
 def event_body(stage="installed", status="ok", message="done") -> bytes:
     return json.dumps({"stage": stage, "status": status, "message": message}).encode()
 
@@ -499,25 +521,10 @@ async def test_a_lease_lost_before_an_event_commits_gets_503_and_no_hook(tmp_pat
 async def test_a_node_without_the_secret_serves_no_script_and_takes_no_event(tmp_path):
     """A standby of a brand-new rack, before the active's secret reached it: it makes none
     up (a token of its own would be refused after a failover); scripts and events get 503."""
-    from appliance.ha.fence import Fence
-    from appliance.state.store import StateStore
     from plugins.httpboot.messages import Request
-    from plugins.httpboot.routes import BootPolicy, BuiltinRoutes
-    from plugins.httpboot.script import Profile
-    from plugins.httpboot.stats import Stats
-    from plugins.httpboot.store import EventStore
 
-    fence = Fence(trio.current_time)
-    state = StateStore(tmp_path / "state", fence)
-    state.load()
-    stats = Stats()
-    routes = BuiltinRoutes(
-        root=tmp_path, policy=BootPolicy({"default": Profile("default", "vmlinuz", (), "")}, {},
-                                         "default"),
-        secret=Secret(state), store=EventStore(state, 16), stats=stats, public_url="",
-        admin_token="", max_event_bytes=4096, is_active=lambda: False, status=dict,
-        metrics=None, script_hook=lambda **kw: None, event_hook=lambda event: None,
-    )  # fmt: skip
+    routes = builtin_routes(tmp_path, is_active=lambda: False)
+    state, stats, fence = routes.store.state, routes.stats, routes.store.state.fence
 
     def request(method: str, path: str, **params: str) -> Request:
         return Request(method, path, b"", {b"authorization": b"Bearer " + b"0" * 32},
