@@ -1,11 +1,19 @@
 """One HTTP/1.1 connection: h11 parses, this loop reads, routes and sends (trio shell).
 
 Keep-alive until the client closes, says ``Connection: close``, or stays idle
-for ``idle_timeout``. From its first byte a request (head and body) must be in
-within ``request_timeout``; a response whose client takes nothing for
-``send_timeout`` is cut. Heads are capped by h11's ``max_incomplete_event_size``
+for ``idle_timeout``. A request (head and body) must be in within
+``request_timeout`` of the accept (a new connection) or of its first byte (a
+kept-alive one): one deadline, not pushed back by each byte, so a head trickled
+a byte at a time (slowloris) or never sent is cut all the same. A response is
+not timed as a whole (a slow download is a client's right); only a client that
+takes nothing for ``send_timeout`` is cut. Heads are capped by h11's ``max_incomplete_event_size``
 (431), bodies by the route's ``max_body`` (413). A connection that cannot be
 reused (an unread body, a protocol error) is answered with ``Connection: close``.
+
+The server learns what the connection waits for through ``on_phase`` (a head,
+``HEAD``; the next request, ``IDLE``; or nothing, ``BUSY``, while a request is
+answered): a full table may close a waiting one for a newcomer (admission.py),
+never one that is answering.
 
 A connection to the rack's VIP carries ``guard`` (``node.fence.ok``): each of
 its requests is asked about before its handler runs and again before the answer
@@ -28,6 +36,7 @@ import trio
 
 from appliance.logs import get_logger
 
+from .admission import BUSY, HEAD, IDLE
 from .conditional import http_date
 from .files import fit_to_request
 from .messages import Request, Response, Route
@@ -100,6 +109,7 @@ class Connection:
         local: tuple[str, int],
         access_log: bool = True,
         guard: Callable[[], bool] | None = None,
+        on_phase: Callable[[str], None] | None = None,
     ) -> None:
         self.stream = stream
         self.router = router
@@ -108,6 +118,7 @@ class Connection:
         self.client, self.local = client, local
         self.access_log = access_log
         self.guard = guard  # fence.ok on a connection to the VIP; None: the node's own address
+        self.on_phase = on_phase or (lambda phase: None)  # the server's admission table
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         self.phase = "request"  # a new connection owes its first request within request_timeout
         self.request_started = trio.current_time()
@@ -119,6 +130,7 @@ class Connection:
                 self.h11.start_next_cycle()
                 self.phase = "idle"
                 self.deadline = trio.current_time() + self.limits.idle_timeout
+                self.on_phase(IDLE)
                 if self.h11.trailing_data[0]:  # a pipelined request is already here
                     self._request_started()
         except _Timeout as timeout:
@@ -134,6 +146,7 @@ class Connection:
         self.phase = "request"
         self.request_started = trio.current_time()
         self.deadline = self.request_started + self.limits.request_timeout
+        self.on_phase(HEAD)
 
     async def _fill(self) -> None:
         with trio.move_on_at(self.deadline) as scope:
@@ -163,6 +176,7 @@ class Connection:
         if isinstance(event, h11.ConnectionClosed):
             return False
         assert isinstance(event, h11.Request), event
+        self.on_phase(BUSY)  # its head is in: answered, not displaced, whatever it takes
         if _head_size(event) > self.limits.max_header_bytes:  # it came whole in one read
             self.stats.malformed += 1
             await self._send_error(431)

@@ -10,10 +10,16 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .admission import HEAD, IDLE, REFUSALS
+
 # Why a connection was cut by the server: "request" (headers and body not in within
 # request_timeout), "idle" (keep-alive with no new request within idle_timeout), "send"
 # (the client took nothing for send_timeout).
 TIMEOUTS = ("request", "idle", "send")
+# Why a new connection got 503 and was closed (admission.py): "per-source" (its source
+# holds max_per_source already), "full" (max_connections open, none to displace). A
+# displaced connection is counted by what it waited for: "head" or "idle".
+DISPLACED = (HEAD, IDLE)
 # Why a posted event was not recorded: "standby" (this node is not the active one),
 # "fenced" (it lost the lease before the record committed: neither acknowledged nor
 # announced), "not-durable" (not committed within 10 s), "no-secret" (this node has no
@@ -26,7 +32,8 @@ class Stats(Collector):
     def __init__(self) -> None:
         self.active_connections = 0
         self.connections = 0
-        self.rejected_connections = 0  # over max_connections: 503 and closed
+        self.rejected: Counter[str] = Counter({r: 0 for r in REFUSALS})  # 503 and closed
+        self.displaced: Counter[str] = Counter({p: 0 for p in DISPLACED})  # closed for a newcomer
         self.requests: Counter[tuple[str, int]] = Counter()  # (method, status)
         self.bytes_sent = 0  # body bytes
         self.timeouts: Counter[str] = Counter({t: 0 for t in TIMEOUTS})
@@ -36,6 +43,10 @@ class Stats(Collector):
         self.event_refusals: Counter[str] = Counter({r: 0 for r in EVENT_REFUSALS})
         self.scripts: Counter[str] = Counter()  # by profile
         self.scripts_unavailable = 0  # 503: no token secret on this node yet
+
+    @property
+    def rejected_connections(self) -> int:
+        return sum(self.rejected.values())
 
     def count_request(self, method: str, status: int) -> None:
         known = method in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
@@ -49,6 +60,8 @@ class Stats(Collector):
             "active_connections": self.active_connections,
             "connections": self.connections,
             "rejected_connections": self.rejected_connections,
+            "rejected": dict(self.rejected),
+            "displaced": dict(self.displaced),
             "requests": dict(sorted(by_status.items())),
             "bytes_sent": self.bytes_sent,
             "timeouts": dict(self.timeouts),
@@ -67,10 +80,22 @@ class Stats(Collector):
         yield CounterMetricFamily(
             "rackboot_http_connections", "HTTP connections accepted.", value=self.connections
         )
-        yield CounterMetricFamily(
-            "rackboot_http_rejected_connections", "Connections over max_connections (503, closed).",
-            value=self.rejected_connections,
-        )  # fmt: skip
+        rejected = CounterMetricFamily(
+            "rackboot_http_rejected_connections",
+            "New connections answered 503 and closed: the source at its cap, or the table full.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self.rejected.items()):
+            rejected.add_metric([reason], n)
+        yield rejected
+        displaced = CounterMetricFamily(
+            "rackboot_http_displaced_connections",
+            "Waiting connections closed to admit a source holding fewer, by what they waited for.",
+            labels=["phase"],
+        )
+        for phase, n in sorted(self.displaced.items()):
+            displaced.add_metric([phase], n)
+        yield displaced
         requests = CounterMetricFamily(
             "rackboot_http_requests", "HTTP requests answered.", labels=["method", "status"]
         )

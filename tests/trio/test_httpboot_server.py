@@ -18,7 +18,7 @@ from plugins.httpboot.conditional import Validators
 from plugins.httpboot.connection import Connection, Limits
 from plugins.httpboot.messages import Request, Response, Route
 from plugins.httpboot.router import Router
-from plugins.httpboot.server import HttpServer
+from plugins.httpboot.server import MAX_CONNECTIONS_PER_SOURCE, HttpServer
 from plugins.httpboot.stats import Stats
 from tests.support.http import Client, fetch, raw_exchange
 
@@ -67,12 +67,16 @@ def root(tmp_path: Path) -> Path:
 
 @contextlib.asynccontextmanager
 async def serving(
-    root: Path, limits: Limits | None = None, max_connections: int = 100
+    root: Path,
+    limits: Limits | None = None,
+    max_connections: int = 100,
+    max_per_source: int = MAX_CONNECTIONS_PER_SOURCE,
 ) -> AsyncIterator[tuple[tuple[str, int], HttpServer]]:
     stats = Stats()
     server = HttpServer(
-        (IPv4Address("127.0.0.1"),), 0, routes(root), limits or Limits(), stats, max_connections
-    )
+        (IPv4Address("127.0.0.1"),), 0, routes(root), limits or Limits(), stats, max_connections,
+        max_per_source=max_per_source,
+    )  # fmt: skip
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve)
         yield server.bound[0], server
