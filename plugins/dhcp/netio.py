@@ -3,6 +3,7 @@ L2 delivery to clients without an address, and the ICMP conflict probe."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -18,6 +19,11 @@ _PKTINFO = struct.Struct("=I4s4s")  # struct in_pktinfo: ifindex, spec_dst, addr
 CMSG_SPACE = socket.CMSG_SPACE(_PKTINFO.size)
 SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux; the constant arrived in Python 3.12
+SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
+SO_DETACH_FILTER = getattr(socket, "SO_DETACH_FILTER", 27)
+# A classic BPF program of one instruction, BPF_RET|BPF_K with k = 0: keep 0 bytes of
+# every datagram, that is drop it (struct sock_filter: code, jt, jf, k).
+_DROP_ALL = struct.pack("=HBBI", 0x06, 0, 0, 0)
 
 
 def open_server_socket(interface: str, port: int) -> socket.socket:
@@ -41,6 +47,23 @@ def open_server_socket(interface: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def set_deaf(sock: socket.socket, deaf: bool) -> None:
+    """Deaf: the kernel drops every datagram for ``sock`` before it is queued (a socket
+    filter), so the process is not woken for it; a standby with nothing to answer drops
+    every broadcast of a busy rack anyway. Undone at once when it is to answer again."""
+    if deaf:
+        program = ctypes.create_string_buffer(_DROP_ALL, len(_DROP_ALL))
+        # struct sock_fprog: the instruction count, then a pointer (the kernel copies it)
+        fprog = struct.pack("HP", 1, ctypes.addressof(program))
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:  # no filter attached: already hearing
+            raise
 
 
 def arrival_address(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:

@@ -202,6 +202,13 @@ class DhcpServer:
         outcome.received = kind
         return outcome
 
+    def answers_as_standby(self) -> bool:
+        """Can a standby answer anything? Only a reservation's answer (identical to the
+        active's: the VIP as server identifier) and an INFORM's, so only with a VIP; and
+        with no reservation configured nor a host hook to name one, the INFORMs are left
+        to the active and the standby answers nothing at all (its shell need not listen)."""
+        return bool(self._vip) and bool(self.config.reservations or self.policy.looks_up_hosts())
+
     def probe_result(self, address: int, in_use: bool, now: float) -> Lease | None:
         """After ``Outcome.probe``: a clean probe is trusted a while; an answered one
         quarantines the address (the returned record is to be made durable)."""

@@ -91,13 +91,16 @@ async def test_an_acked_lease_survives_a_hand_over_and_is_given_to_nobody_else(t
             table = standby_plugin.service.server.leases.table
             await wait_until(lambda: table.get(address) is not None, what="the standby's table")
             assert table.get(address).client == b"\x01" + mac(1)
-            # The standby answers nothing dynamic, and writes nothing.
+            # The standby answers nothing dynamic, and writes nothing: with no reservation
+            # to answer it does not even hear (the kernel drops what reaches its socket).
+            heard = standby_plugin.service.metrics.totals["received"]
             async with Client(standby_port) as client:
                 await client.send(message(MessageType.DISCOVER, mac(2)))
                 await client.send(message(MessageType.REQUEST, mac(1), ciaddr=str(ack.yiaddr)))
                 with trio.move_on_after(0.5):
                     await client.sock.recvfrom(65535)
                     raise AssertionError("the standby answered")
+            assert standby_plugin.service.metrics.totals["received"] == heard
             lsn = standby.state.position.lsn
             # Hand over.
             active.ha.demote({})

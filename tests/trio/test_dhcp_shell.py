@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import math
+import socket
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -209,3 +210,24 @@ def test_a_reply_leaves_from_the_interface_while_the_vip_is_not_there_yet(
         len(sock.sent) == 1 and parse_untrusted(sock.sent[0][0]).message_type is MessageType.OFFER
     )
     assert sample(registry, "rackboot_dhcp_sent_total", type="offer") == 1
+
+
+def test_a_deaf_socket_drops_what_reaches_it_and_hears_again_when_told() -> None:
+    """set_deaf: the kernel drops datagrams while the filter is on (nothing queued, nobody
+    woken); after it is lifted the next one arrives. UDP queues in order: had the first
+    datagram been kept, it would be read before the second."""
+    from plugins.dhcp.netio import set_deaf
+
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx,
+    ):
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(5)
+        set_deaf(rx, True)
+        set_deaf(rx, True)  # again: replaces the filter
+        tx.sendto(b"while deaf", rx.getsockname())
+        set_deaf(rx, False)
+        set_deaf(rx, False)  # no filter left: still fine
+        tx.sendto(b"after", rx.getsockname())
+        assert rx.recv(100) == b"after"
