@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 from typing import Any
 
 from appliance import __version__, control
 from appliance.api import CliCommand
-from appliance.errors import EXIT_OK, AlreadyRunning, RackbootError, Unreachable
-from appliance.loader import ConfigSource, load, resolve_source
+from appliance.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning, RackbootError, Unreachable
+from appliance.loader import ConfigSource, load, plugin_manager, preflight, resolve_source
 from appliance.logs import get_logger, setup_logging
 from appliance.pluginmanager import build_plugin_manager, call_each
 
@@ -112,9 +112,9 @@ def with_query(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def plugin_cli_commands() -> list[CliCommand]:
     """Every loadable plugin's CLI commands; a broken plugin is reported by
-    the commands that load it (run, plugins list), not here."""
+    the commands that load it (run, plugins list, status), not here."""
     try:
-        pm = build_plugin_manager(())
+        pm = build_plugin_manager((), keep_broken=True)
         found = call_each(pm, "rackboot_cli_commands")
     except RackbootError:
         return []
@@ -128,13 +128,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from appliance.node import Node
 
     source = resolve_source(args.config, args.dev)
+    config, pm = load(source, args.disable_plugin)
+    preflight(config)
     if source.dev:
         log.warning(
             "standalone development node: loopback only, unprivileged ports, data in the user's directory",
             config=source.path or "<defaults>",
             hint="write /etc/rackboot/rackboot.toml (see `rackboot config example`) for a real rack",
         )
-    config, pm = load(source, args.disable_plugin)
+    if config.sets_nothing:
+        log.warning(
+            "the configuration file sets nothing: every default applies", config=config.source
+        )
     node = Node(config, pm)
     trio.run(node.run, clock=BoottimeClock())
     return EXIT_OK
@@ -163,13 +168,25 @@ def cmd_witness(args: argparse.Namespace) -> int:
 def control_path(args: argparse.Namespace) -> str:
     if args.socket is not None:
         return args.socket
-    config, _ = load(resolve_source(args.config, args.dev), args.disable_plugin)
+    return _socket_of(load_for_query(args)[0])
+
+
+def _socket_of(config: Any) -> str:
     return config.node.control_socket or f"{config.node.data_dir}/control.sock"
+
+
+def load_for_query(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The configuration of a command that asks the node or reads its files: a broken
+    plugin is left out and named on stderr, so that the operator can still look."""
+    config, pm = load(resolve_source(args.config, args.dev), args.disable_plugin, keep_broken=True)
+    for info in pm.broken.values():
+        log.warning("plugin not loaded", plugin=info.name, error=info.error)
+    return config, pm
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     text = control.call(control_path(args), "metrics")
-    print(json.dumps(text) if args.json else text, end="" if not args.json else "\n")
+    print(control.dumps(text) if args.json else text, end="" if not args.json else "\n")
     return EXIT_OK
 
 
@@ -177,14 +194,14 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     command: CliCommand = args.plugin_command
     request = {dest: getattr(args, dest) for dest in args.plugin_args}
     result = control.call(control_path(args), command.control, request)
-    print(json.dumps(result, indent=2, sort_keys=True) if args.json else command.render(result))
+    print(control.dumps(result, indent=2, sort_keys=True) if args.json else command.render(result))
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     status = control.call(control_path(args), "status")
     if args.json:
-        print(json.dumps(status, indent=2, sort_keys=True))
+        print(control.dumps(status, indent=2, sort_keys=True))
     else:
         print(format_status(status))
     return EXIT_OK
@@ -228,28 +245,38 @@ def _format_mapping(value: Any, indent: str) -> list[str]:
 
 
 def cmd_config_example(args: argparse.Namespace) -> int:
-    from appliance.pluginmanager import build_plugin_manager, collect_sections
+    from appliance.pluginmanager import collect_sections
     from appliance.schema import render_example
 
-    pm = build_plugin_manager(args.disable_plugin)
+    pm = plugin_manager(args.disable_plugin)
     sys.stdout.write(render_example(collect_sections(pm)))
     return EXIT_OK
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     config, _ = load(ConfigSource(args.file, dev=False), args.disable_plugin)
-    print(f"{config.source}: ok ({len(config.sections)} sections)")
+    preflight(config)
+    if config.sets_nothing:
+        print(f"{config.source}: ok, but it sets nothing: every default applies", end=" ")
+    else:
+        print(f"{config.source}: ok", end=" ")
+    print(f"({len(config.sections)} sections)")
     return EXIT_OK
 
 
 def cmd_plugins_list(args: argparse.Namespace) -> int:
-    _, pm = load(resolve_source(args.config, args.dev), args.disable_plugin)
-    infos = [vars(info) for info in pm.infos.values()]
+    source = resolve_source(args.config, args.dev)
+    _, pm = load(source, args.disable_plugin, keep_broken=True)
+    infos = [vars(info) for info in [*pm.infos.values(), *pm.broken.values()]]
     if args.json:
-        print(json.dumps(infos, indent=2))
+        print(control.dumps(infos, indent=2))
         return EXIT_OK
     for info in infos:
         print(f"{info['name']} {info['version']}  ({info['distribution']}; {info['source']})")
+        if info["error"]:
+            print(f"  BROKEN, not loaded: {info['error']}")
+            print(f"  disable it with --disable-plugin {info['name']} or [plugins] disabled")
+            continue
         print(f"  module: {info['module']}")
         print(f"  hooks: {', '.join(info['hooks']) or '-'}")
     for name in pm.disabled:
@@ -285,8 +312,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.socket is not None:
         path = args.socket
     else:
-        config, _ = load(resolve_source(args.config, args.dev), args.disable_plugin)
-        path = config.node.control_socket or f"{config.node.data_dir}/control.sock"
+        config, _ = load_for_query(args)
+        path = _socket_of(config)
     try:
         result = control.call(path, f"cluster.{action}", request, timeout=30)
     except Unreachable:
@@ -294,7 +321,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             raise
         result = _cluster_offline(config, action, request)
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        print(control.dumps(result, indent=2, sort_keys=True))
     elif action == "init":
         print(
             f"created cluster {result['cluster_id']}; this node is {result['node_id']} (CA holder)"
@@ -406,3 +433,18 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say, and Python must not
+        # complain again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as exc:  # a bug: one line still, the traceback only when asked
+        import traceback
+
+        log.debug("unexpected error", traceback=traceback.format_exc())
+        print(
+            f"rackboot: error: internal error: {type(exc).__name__}: {exc} "
+            "(a bug: please report it; --log-level debug shows where)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE

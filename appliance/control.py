@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import inspect
 import json
+import math
 import os
 import socket
 import struct
@@ -32,6 +33,24 @@ Handler = Callable[[dict[str, Any]], Any | Awaitable[Any]]
 
 class ControlRequestError(Exception):
     """A request the server refuses; its text goes back to the client."""
+
+
+def dumps(value: Any, **options: Any) -> str:
+    """Strict JSON (RFC 8259), for every answer of the socket and every JSON the CLI
+    prints: a float that is not finite (an endless lease's inf, an unknown rate's NaN)
+    becomes null, which JSON readers other than Python's accept; a value JSON cannot
+    hold becomes its str()."""
+    return json.dumps(_finite(value), allow_nan=False, default=str, **options)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def parse_request_untrusted(line: bytes) -> tuple[str, dict[str, Any]]:
@@ -131,7 +150,7 @@ async def _serve_one(stream: trio.SocketStream, handlers: dict[str, Handler]) ->
                 log.error("control command failed", error=f"{type(exc).__name__}: {exc}")
                 response = {"ok": False, "error": f"internal error: {type(exc).__name__}"}
             try:
-                payload = json.dumps(response, default=str).encode() + b"\n"
+                payload = dumps(response).encode() + b"\n"
                 await stream.send_all(payload)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
@@ -162,7 +181,7 @@ def call(path: str, cmd: str, args: dict[str, Any] | None = None, timeout: float
             raise Unreachable(
                 f"no node answers on {path} ({reason}); is `rackboot run` running?"
             ) from None
-        sock.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
+        sock.sendall(dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
         buf = bytearray()
         while not buf.endswith(b"\n"):
             chunk = sock.recv(65536)

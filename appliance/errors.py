@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 # Exit codes (documented in docs/cli.md).
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the node failed while running
@@ -36,6 +38,12 @@ class ConfigError(RackbootError):
         super().__init__(msg)
 
 
+class UsageError(RackbootError):
+    """A command line the CLI refuses (argparse's own errors exit 2 the same way)."""
+
+    exit_code = EXIT_CONFIG
+
+
 class PluginError(RackbootError):
     """A plugin that failed to import, register, configure or start, named."""
 
@@ -58,3 +66,32 @@ def describe_value(value: object) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(value).__name__} {text}"
+
+
+# Why a bind failed, as an operator reads it (the errno names are for searching).
+_BIND_FAILURES = {
+    errno.EADDRINUSE: "address already in use (EADDRINUSE: another program or service has it)",
+    errno.EADDRNOTAVAIL: "address not available (EADDRNOTAVAIL: no interface of this machine "
+    "has it)",
+}
+PRIVILEGED_PORT = "needs root or CAP_NET_BIND_SERVICE"
+
+
+def describe_os_error(
+    exc: OSError, address: str = "", port: int | None = None, keypath: str = ""
+) -> str:
+    """One line for an OSError met while starting: the file, or the address and port
+    (the listener the core found failing, if any, and the key that sets it), and why."""
+    if exc.filename is not None:  # a file or directory: open, mkdir, chmod...
+        return f"{exc.filename}: {(exc.strerror or str(exc)).lower()}"
+    where = f"{address}:{port}" if address and port is not None else ""
+    where += f" ({keypath})" if where and keypath else ""
+    where += ": " if where else ""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        if port is None:
+            return f"permission denied (EACCES: a port below 1024 {PRIVILEGED_PORT})"
+        return f"{where}port {port} {PRIVILEGED_PORT}"
+    if exc.errno in _BIND_FAILURES:
+        return where + _BIND_FAILURES[exc.errno]
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return where + (f"{exc.strerror} ({name})" if exc.strerror and name else str(exc))

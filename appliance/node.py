@@ -10,11 +10,13 @@ is ready stops the node with an error that names it: never a half-started node.
 from __future__ import annotations
 
 import contextlib
+import errno
 import faulthandler
 import fcntl
 import io
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,8 @@ import trio
 
 from appliance import control
 from appliance.api import Role, Service
-from appliance.config import Config
-from appliance.errors import AlreadyRunning, PluginError, RackbootError
+from appliance.config import Config, Listening
+from appliance.errors import AlreadyRunning, PluginError, RackbootError, describe_os_error
 from appliance.ha.fence import FOREVER, Fence
 from appliance.logs import get_logger
 from appliance.pluginmanager import RackbootPluginManager, call_each
@@ -202,10 +204,22 @@ class Node:
                 raise
             except Exception as exc:
                 self.service_state[svc.name] = "failed"
-                raise PluginError(
-                    f"plugin {svc.plugin!r}: service {svc.name!r} failed to start: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise self._start_failure(svc, exc) from exc
             log.info("service ready", service=svc.name)
+
+    def _start_failure(self, svc: Service, exc: Exception) -> RackbootError:
+        """One line for a service that failed before it was ready: the leaves of the
+        exception groups its nurseries wrapped them in, each an address and port or a
+        file and the reason; a RackbootError inside keeps its own message and exit code."""
+        leaves = _leaves(exc)
+        for leaf in leaves:
+            if isinstance(leaf, RackbootError):
+                return leaf
+        listening = [entry for entry in self.config.listening if entry.owner == svc.plugin]
+        reasons = dict.fromkeys(_describe_leaf(leaf, listening) for leaf in leaves)
+        return PluginError(
+            f"plugin {svc.plugin!r}: service {svc.name!r} failed to start: {'; '.join(reasons)}"
+        )
 
     async def _run_service(self, svc: Service, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         started = False
@@ -288,20 +302,56 @@ class Node:
 def _sole_cause(group: BaseExceptionGroup) -> BaseException:
     """The error to report from a nursery's group: its first RackbootError,
     else its only non-cancellation leaf, else the group itself."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                walk(inner)
-        elif not isinstance(exc, trio.Cancelled):
-            leaves.append(exc)
-
-    walk(group)
+    leaves = _leaves(group)
     for leaf in leaves:
         if isinstance(leaf, RackbootError):
             return leaf
     return leaves[0] if len(leaves) == 1 else group
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The errors inside (nested) exception groups, cancellations left out."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [] if isinstance(exc, trio.Cancelled) else [exc]
+
+
+def _describe_leaf(leaf: BaseException, listening: list[Listening]) -> str:
+    if not isinstance(leaf, OSError):
+        return f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__
+    culprit = None if leaf.filename is not None else _failing_listener(leaf, listening)
+    if culprit is None:
+        return describe_os_error(leaf)
+    return describe_os_error(leaf, culprit.address, culprit.port, culprit.keypath)
+
+
+def _failing_listener(exc: OSError, listening: list[Listening]) -> Listening | None:
+    """Which declared listener a bind error came from: the OSError does not say, so ask
+    the kernel again (the service's own sockets are closed by now)."""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        privileged = [entry for entry in listening if entry.port < _unprivileged_port_start()]
+        return privileged[0] if privileged else None
+    if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+        return None
+    for entry in listening:
+        kind = socket.SOCK_DGRAM if entry.protocol == "udp" else socket.SOCK_STREAM
+        with socket.socket(socket.AF_INET, kind) as probe:
+            if kind == socket.SOCK_STREAM:  # as trio's listeners do: TIME_WAIT is no clash
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((entry.address, entry.port))
+            except OSError as again:
+                if again.errno == exc.errno:
+                    return entry
+    return listening[0] if len(listening) == 1 else None
+
+
+def _unprivileged_port_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return 1024
 
 
 def _arm_shutdown_watchdog(timeout: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ class PluginInfo:
     version: str
     source: str  # "core" or "entry point <group>: name = value"
     hooks: list[str] = field(default_factory=list)
+    error: str = ""  # why it could not be loaded (then it is in ``broken``, not loaded)
 
 
 class RackbootPluginManager(pluggy.PluginManager):
@@ -32,16 +34,31 @@ class RackbootPluginManager(pluggy.PluginManager):
         self.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
         self.disabled: tuple[str, ...] = ()
+        self.installed: tuple[str, ...] = ()  # every entry point's name, disabled ones too
+        # Plugins that failed to import or register, kept (with keep_broken) so that
+        # `plugins list` and `status` can still name them; `run` refuses them.
+        self.broken: dict[str, PluginInfo] = {}
+
+    def refuse_broken(self) -> None:
+        """Raise the first broken plugin's error, with how to go on without it."""
+        for name, info in self.broken.items():
+            raise PluginError(
+                f"{info.error} (disable it with --disable-plugin {name} "
+                f"or [plugins] disabled = [{name!r}])"
+            )
 
 
 def build_plugin_manager(
     disabled: Iterable[str] = (),
     entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+    *,
+    keep_broken: bool = False,
 ) -> RackbootPluginManager:
     """Load the core plugin and every ``rackboot.plugins`` entry point not disabled.
 
     A plugin that fails to import or to register raises :class:`PluginError`
-    naming the entry point and the reason; nothing is half-loaded.
+    naming the entry point and the reason; nothing is half-loaded. With
+    ``keep_broken`` it is left out and described in ``pm.broken`` instead.
     """
     pm = RackbootPluginManager()
     pm.disabled = tuple(disabled)
@@ -55,8 +72,10 @@ def build_plugin_manager(
 
     if entry_points is None:
         entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    entry_points = sorted(entry_points, key=lambda e: e.name)
+    pm.installed = tuple(dict.fromkeys(ep.name for ep in entry_points))
     seen: dict[str, str] = {}
-    for ep in sorted(entry_points, key=lambda e: e.name):
+    for ep in entry_points:
         dist = getattr(ep, "dist", None)
         dist_name = dist.metadata["Name"] if dist is not None else "?"
         where = f"entry point {ep.name!r} ({ep.value}) from distribution {dist_name!r}"
@@ -67,30 +86,53 @@ def build_plugin_manager(
                 f"plugin {ep.name!r}: {where} clashes with {seen.get(ep.name, 'the core')}"
             )
         seen[ep.name] = where
-        try:
-            plugin = ep.load()
-        except Exception as exc:  # a broken plugin is named, not a traceback
-            raise PluginError(
-                f"plugin {ep.name!r} failed to import: {where}: {_reason(exc)}"
-            ) from exc
         info = PluginInfo(
             name=ep.name,
-            module=getattr(plugin, "__name__", type(plugin).__name__),
+            module=ep.value,
             distribution=dist_name,
             version=dist.version if dist is not None else "?",
             source=f"entry point {ENTRY_POINT_GROUP}: {ep.name} = {ep.value}",
         )
-        _register(pm, plugin, ep.name, info, where)
-
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        name = pm.get_name(exc.plugin) or "?"
-        raise PluginError(f"plugin {name!r} implements an unknown hook: {exc}") from exc
+        try:
+            _load_entry_point(pm, ep, info, where)
+        except PluginError as exc:
+            if not keep_broken:
+                raise
+            info.error = str(exc)
+            pm.broken[ep.name] = info
+    _check_pending(pm, keep_broken)
     for name, info in pm.infos.items():
         plugin = pm.get_plugin(name)
         info.hooks = sorted(impl_name for impl_name in _hook_names(pm, plugin))
     return pm
+
+
+def _load_entry_point(
+    pm: RackbootPluginManager, ep: importlib.metadata.EntryPoint, info: PluginInfo, where: str
+) -> None:
+    try:
+        plugin = ep.load()
+    except Exception as exc:  # a broken plugin is named, not a traceback
+        raise PluginError(f"plugin {ep.name!r} failed to import: {where}: {_reason(exc)}") from exc
+    info.module = getattr(plugin, "__name__", type(plugin).__name__)
+    _register(pm, plugin, ep.name, info, where)
+
+
+def _check_pending(pm: RackbootPluginManager, keep_broken: bool) -> None:
+    """Refuse a hookimpl of an unknown hook, once every plugin has added its hookspecs
+    (a plugin may implement the hooks of one loaded after it)."""
+    while True:
+        try:
+            pm.check_pending()
+            return
+        except pluggy.PluginValidationError as exc:
+            name = pm.get_name(exc.plugin) or "?"
+            error = PluginError(f"plugin {name!r} implements an unknown hook: {exc}")
+            if not keep_broken or name not in pm.infos or name == "core":
+                raise error from exc
+            pm.unregister(exc.plugin)
+            pm.broken[name] = pm.infos.pop(name)
+            pm.broken[name].error = str(error)
 
 
 def _register(
@@ -101,6 +143,8 @@ def _register(
     except pluggy.PluginValidationError as exc:
         raise PluginError(f"plugin {name!r} is invalid ({where or info.source}): {exc}") from exc
     except Exception as exc:  # a plugin's own addhooks may raise
+        if pm.get_plugin(name) is not None:
+            pm.unregister(name=name)  # registered before its addhooks raised
         raise PluginError(
             f"plugin {name!r} failed to register ({where or info.source}): {_reason(exc)}"
         ) from exc
@@ -133,7 +177,7 @@ def collect_sections(pm: RackbootPluginManager) -> list[Section]:
                     f"both declare section [{section.name}]"
                 )
             owners[section.name] = plugin_name
-            sections.append(Section(section.name, section.fields, section.doc, owner=plugin_name))
+            sections.append(dataclasses.replace(section, owner=plugin_name))
     sections.sort(key=lambda s: (s.owner != "core", s.owner))
     return sections
 

@@ -215,6 +215,18 @@ class TableList(Kind):
 
 
 @dataclass(frozen=True)
+class Listener:
+    """Where a section's service listens, named by keys of the section, so that the
+    core refuses two services on one address and port before anything starts, and
+    names the address when a bind fails."""
+
+    protocol: str  # "udp" or "tcp": the two never clash with each other
+    port: str  # the key of the port (0: an ephemeral port, never a clash)
+    addresses: str  # the key of an address or a list of them ('0.0.0.0': every address)
+    enabled: str = ""  # the key of a bool that turns the service off, if there is one
+
+
+@dataclass(frozen=True)
 class Section:
     """A plugin's top-level configuration section, ``[name]``."""
 
@@ -222,6 +234,7 @@ class Section:
     fields: Mapping[str, Field]
     doc: str = ""
     owner: str = field(default="", compare=False)  # plugin name, filled in by the core
+    listeners: tuple[Listener, ...] = ()
 
 
 class Settings(Mapping[str, Any]):

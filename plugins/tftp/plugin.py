@@ -11,6 +11,7 @@ the active would. The rack's VIP alone is spoken from only under the lease
 from __future__ import annotations
 
 import ipaddress
+import os
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from appliance.api import (
 )
 from appliance.errors import ConfigError
 from appliance.logs import get_logger
+from appliance.schema import Listener
 
 from . import hookspecs
 from .negotiate import MAX_WINDOWSIZE, MIN_BLKSIZE
@@ -116,6 +118,7 @@ SECTION = Section(
             doc="While one transfer runs alone, poll for its ACK this long before sleeping (0: never).",
         ),
     },
+    listeners=(Listener("udp", port="port", addresses="addresses"),),
 )
 
 
@@ -132,6 +135,30 @@ def rackboot_configure(config: Config) -> None:
             config.source, "tftp.max_timeout", f"a number >= tftp.timeout ({settings.timeout})",
             settings.max_timeout,
         )  # fmt: skip
+    _check_root(config)
+
+
+def _check_root(config: Config) -> None:
+    """The root must be a directory, or a path the service can create one at (it makes
+    the missing part at start-up): a file there, or on the way, fails only then."""
+    settings = config["tftp"]
+    root = Path(settings.root or Path(config.node.data_dir) / "tftp" / "root")
+    existing = root
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir():
+        return
+    if existing.is_file():
+        what = "a regular file"
+    elif existing.is_symlink():
+        what = "a symbolic link to nothing"
+    else:
+        what = "not a directory"
+    where = f"{existing} is {what}" if existing != root else f"it is {what}"
+    raise ConfigError(
+        config.source, "tftp.root",
+        f"a directory, or a path where one can be created ({where})", str(root),
+    )  # fmt: skip
 
 
 def server_config(node: Node) -> ServerConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
@@ -16,7 +17,10 @@ from appliance.errors import EXIT_CONFIG, EXIT_OK, EXIT_UNREACHABLE
 @pytest.fixture(autouse=True)
 def fresh_machine(tmp_path, monkeypatch):
     """No /etc/rackboot file and a private data directory, whatever this machine has."""
-    monkeypatch.setenv("RACKBOOT_CONFIG", str(tmp_path / "absent.toml"))
+    from appliance import loader
+
+    monkeypatch.delenv("RACKBOOT_CONFIG", raising=False)
+    monkeypatch.setattr(loader, "DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
 
 
@@ -123,17 +127,46 @@ def test_usage_error_exits_2(capsys):
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
-def test_plugin_commands_and_metrics_ask_the_running_node(capsys, monkeypatch, tmp_path):
-    """A plugin's CLI command reaches its control handler on a real node in a thread."""
+@contextlib.contextmanager
+def running_node(tmp_path, **plugins):
+    """A real node with ``plugins`` in a thread; yields it, stops it after."""
     import threading
 
     import trio
+
+    from appliance.node import Node
+    from tests.support.plugins import configured
+
+    config, pm = configured(tmp_path, **plugins)
+    node = Node(config, pm)
+    ready = threading.Event()
+    token: list[trio.lowlevel.TrioToken] = []
+
+    async def serve():
+        token.append(trio.lowlevel.current_trio_token())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                lambda task_status: node.run(handle_signals=False, task_status=task_status)
+            )
+            ready.set()
+
+    thread = threading.Thread(target=trio.run, args=(serve,))
+    thread.start()
+    try:
+        assert ready.wait(30)
+        yield node
+    finally:
+        if token:
+            trio.from_thread.run_sync(node.request_stop, trio_token=token[0])
+        thread.join(30)
+
+
+def test_plugin_commands_and_metrics_ask_the_running_node(capsys, monkeypatch, tmp_path):
+    """A plugin's CLI command reaches its control handler on a real node in a thread."""
     from prometheus_client import Counter
 
     from appliance import cli
     from appliance.api import CliCommand, hookimpl
-    from appliance.node import Node
-    from tests.support.plugins import configured
 
     class Inventory:
         @hookimpl
@@ -153,23 +186,7 @@ def test_plugin_commands_and_metrics_ask_the_running_node(capsys, monkeypatch, t
         arguments=((("mac",), {}), (("--all",), {"action": "store_true"})),
     )
     monkeypatch.setattr(cli, "plugin_cli_commands", lambda: [command])
-    config, pm = configured(tmp_path, inv=Inventory())
-    node = Node(config, pm)
-    ready = threading.Event()
-    token: list[trio.lowlevel.TrioToken] = []
-
-    async def serve():
-        token.append(trio.lowlevel.current_trio_token())
-        async with trio.open_nursery() as nursery:
-            await nursery.start(
-                lambda task_status: node.run(handle_signals=False, task_status=task_status)
-            )
-            ready.set()
-
-    thread = threading.Thread(target=trio.run, args=(serve,))
-    thread.start()
-    try:
-        assert ready.wait(30)
+    with running_node(tmp_path, inv=Inventory()) as node:
         sock = ("--socket", node.control_path)
         # stderr carries the node thread's logs too: compare the answers only.
         code, out, _ = run(capsys, "inventory", "find", "aa:bb", *sock)
@@ -178,7 +195,34 @@ def test_plugin_commands_and_metrics_ask_the_running_node(capsys, monkeypatch, t
         assert json.loads(out) == {"asked": {"mac": "aa:bb", "all": True}}
         code, out, _ = run(capsys, "metrics", *sock)
         assert code == EXIT_OK and "inventory_lookups_total 0.0" in out
-    finally:
-        if token:
-            trio.from_thread.run_sync(node.request_stop, trio_token=token[0])
-        thread.join(30)
+
+
+def strict_json(text: str):
+    """Parse as RFC 8259 JSON: Python's reader accepts NaN and Infinity, others do not."""
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_status_json_is_strict_json(capsys, tmp_path):
+    """A status holding infinities and NaN (an endless lease, an unknown rate) prints
+    them as null, through the control socket and the CLI both."""
+    from appliance.api import hookimpl
+
+    class Odd:
+        @hookimpl
+        def rackboot_status(self, node):
+            return {"forever": float("inf"), "never": -float("inf"), "rate": float("nan"),
+                    "rows": [1.5, (float("inf"),)]}  # fmt: skip
+
+    with running_node(tmp_path, odd=Odd()) as node:
+        code, out, _ = run(capsys, "status", "--json", "--socket", node.control_path)
+    assert code == EXIT_OK
+    assert strict_json(out)["odd"] == {
+        "forever": None,
+        "never": None,
+        "rate": None,
+        "rows": [1.5, [None]],
+    }

@@ -20,6 +20,7 @@ from appliance.schema import (
     IPv4Address,
     IPv4Network,
     List,
+    Listener,
     Section,
     Str,
     Table,
@@ -198,3 +199,63 @@ def test_validate_table_reports_nested_path():
     with pytest.raises(ConfigError) as info:
         validate_table({"a": Field(Int())}, {"a": "x"}, "f", "outer.inner", dev=False)
     assert info.value.keypath == "outer.inner.a"
+
+
+def test_read_document_refuses_what_is_no_regular_file(tmp_path):
+    """Stat before reading (a FIFO without a writer: test_cli_errors.py, in a subprocess
+    that cannot hang this one); an OS error must not escape as a traceback."""
+    with pytest.raises(ConfigError, match=r"expected a regular file, not a character device"):
+        read_document("/dev/null")
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(ConfigError, match=r"\(the path is a symbolic link loop\)$"):
+        read_document(tmp_path / "a")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"\(a component of the path is not a directory\)$"):
+        read_document(tmp_path / "file" / "x")
+    with pytest.raises(ConfigError, match=r"components are at most 255 bytes"):
+        read_document(tmp_path / ("n" * 256))
+
+
+LISTENING = Section(
+    "svc",
+    doc="A service that listens.",
+    fields={
+        "on": Field(Bool(), default=True),
+        "addresses": Field(List(IPv4Address()), default=("127.0.0.1",)),
+        "port": Field(Int(min=0, max=65535), default=69),
+        "admin_port": Field(Int(min=0, max=65535), default=80),
+    },
+    listeners=(
+        Listener("udp", port="port", addresses="addresses", enabled="on"),
+        Listener("tcp", port="admin_port", addresses="addresses", enabled="on"),
+    ),
+)
+OTHER = Section(
+    "other",
+    fields={"listen": Field(IPv4Address(), default="0.0.0.0"), "port": Field(Int(), default=67)},
+    listeners=(Listener("udp", port="port", addresses="listen"),),
+)
+
+
+@pytest.mark.parametrize(
+    ("document", "refused"),
+    [
+        ({}, None),
+        ({"svc": {"admin_port": 69}}, None),  # TCP and UDP never clash
+        ({"other": {"port": 69}}, "svc.port: expected a UDP port that no other listener"),
+        ({"other": {"port": 69, "listen": "127.0.0.2"}}, None),
+        ({"other": {"port": 69}, "svc": {"on": False}}, None),  # a service turned off
+        ({"other": {"port": 0}, "svc": {"port": 0}}, None),  # ephemeral ports
+        ({"svc": {"addresses": ["127.0.0.1", "127.0.0.1"]}}, "svc.addresses: expected addresses"),
+    ],
+)
+def test_two_listeners_on_one_address_and_port(document, refused):
+    sections = [OTHER, LISTENING]
+    if refused is None:
+        config = validate("f", document, sections, dev=False)
+        assert all(entry.port != 0 for entry in config.listening)
+        return
+    with pytest.raises(ConfigError) as info:
+        validate("f", document, sections, dev=False)
+    assert str(info.value).startswith(f"f: {refused}")

@@ -219,3 +219,56 @@ def test_hookspec_marker_is_the_projects():
     # Plugin authors import both markers from appliance.api.
     assert hookspec.project_name == hookimpl.project_name == "rackboot"
     assert Section("x", {"a": Field(Int(), default=1)}).fields["a"].default == 1
+
+
+def test_keep_broken_leaves_broken_plugins_out_and_names_them(plugin_dir):
+    """`plugins list` and `status` must work with a broken plugin installed: it is kept
+    aside with its error, the others load, and refuse_broken() raises it for `run`."""
+    broken = plugin_dir("rbt_broken", "raise RuntimeError('boom at import')")
+    typo = plugin_dir(
+        "rbt_typo",
+        """
+        from appliance.api import hookimpl
+
+        @hookimpl
+        def rackboot_servics(node):
+            return []
+        """,
+    )
+    good = plugin_dir("rbt_good", GOOD)
+    pm = build_plugin_manager(entry_points=[broken, typo, good], keep_broken=True)
+    assert list(pm.infos) == ["core", "good"]
+    assert pm.installed == ("broken", "good", "typo")
+    assert sorted(pm.broken) == ["broken", "typo"]
+    assert pm.broken["broken"].error.endswith("RuntimeError: boom at import")
+    assert "implements an unknown hook" in pm.broken["typo"].error
+    assert pm.get_plugin("typo") is None  # not half-registered
+    assert [s.name for s in collect_sections(pm)][-1] == "good"
+    with pytest.raises(PluginError) as info:
+        pm.refuse_broken()
+    assert str(info.value) == (
+        f"{pm.broken['broken'].error} (disable it with --disable-plugin broken "
+        "or [plugins] disabled = ['broken'])"
+    )
+
+
+def test_a_plugin_whose_addhooks_raises_is_not_left_registered(plugin_dir):
+    ep = plugin_dir(
+        "rbt_addhooks",
+        """
+        from appliance.api import hookimpl
+
+        @hookimpl
+        def rackboot_addhooks(pluginmanager):
+            raise ValueError("no specs today")
+
+        @hookimpl
+        def rackboot_status(node):
+            return {"should": "not answer"}
+        """,
+    )
+    pm = build_plugin_manager(entry_points=[ep], keep_broken=True)
+    assert "failed to register" in pm.broken["addhooks"].error
+    assert pm.get_plugin("addhooks") is None
+    implementers = [pm.get_name(i.plugin) for i in pm.hook.rackboot_status.get_hookimpls()]
+    assert implementers == ["core"]
