@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 
 # Exit codes (documented in docs/cli.md).
 EXIT_OK = 0
@@ -84,6 +85,9 @@ def describe_os_error(
     (the listener the core found failing, if any, and the key that sets it), and why."""
     if exc.filename is not None:  # a file or directory: open, mkdir, chmod...
         return f"{exc.filename}: {(exc.strerror or str(exc)).lower()}"
+    name = errno.errorcode.get(exc.errno or 0, "")
+    if not address and exc.strerror and exc.strerror != os.strerror(exc.errno or 0):
+        return f"{exc.strerror} ({name})"  # the plugin said where itself
     where = f"{address}:{port}" if address and port is not None else ""
     where += f" ({keypath})" if where and keypath else ""
     where += ": " if where else ""
@@ -93,5 +97,4 @@ def describe_os_error(
         return f"{where}port {port} {PRIVILEGED_PORT}"
     if exc.errno in _BIND_FAILURES:
         return where + _BIND_FAILURES[exc.errno]
-    name = errno.errorcode.get(exc.errno or 0, "")
     return where + (f"{exc.strerror} ({name})" if exc.strerror and name else str(exc))

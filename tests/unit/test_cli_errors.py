@@ -292,3 +292,29 @@ def fake_distribution(tmp_path: Path, name: str, module: str) -> Path:
     (info / "entry_points.txt").write_text(f"[rackboot.plugins]\n{name} = rbt_{name}\n")
     (site / f"rbt_{name}.py").write_text(module)
     return site
+
+
+def test_start_errors_are_described_from_real_os_errors(tmp_path):
+    """The mapping the core applies to every service's start failure, on errors the
+    kernel really raised."""
+    from appliance.errors import describe_os_error
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as second,
+            pytest.raises(OSError) as info,
+        ):
+            second.bind(("127.0.0.1", port))
+    in_use = info.value
+    reason = "address already in use (EADDRINUSE: another program or service has it)"
+    assert describe_os_error(in_use, "127.0.0.1", port, "x.port") == (
+        f"127.0.0.1:{port} (x.port): {reason}"
+    )
+    assert describe_os_error(in_use) == reason  # no declared listener to name
+    said = OSError(in_use.errno, f"cannot bind X to 127.0.0.1:{port}: {in_use.strerror}")
+    assert describe_os_error(said) == f"{said.strerror} (EADDRINUSE)"
+    with pytest.raises(OSError) as info:
+        (tmp_path / "absent" / "root").mkdir()
+    assert describe_os_error(info.value) == f"{tmp_path}/absent/root: no such file or directory"
