@@ -124,8 +124,12 @@ def preflight(config: Config) -> None:
     if ha is None or cluster is None:
         return
     files = ClusterFiles(config.node.data_dir)
+    try:
+        enrolled = files.enrolled()
+    except PermissionError:  # a normal user checking root's file: this cannot be known
+        return
     how = "run `rackboot cluster init` or `rackboot cluster join TOKEN` first"
-    if cluster.enabled == "on" and not files.enrolled():
+    if cluster.enabled == "on" and not enrolled:
         raise ConfigError(
             config.source, "cluster.enabled",
             f"'auto' until this node has a cluster identity (none in {files.dir}: {how})", "on",
@@ -138,7 +142,7 @@ def preflight(config: Config) -> None:
                 "no peers or witnesses while cluster.enabled = 'off' "
                 "(the election is signed with the cluster identity)", has_found=False,
             )  # fmt: skip
-        if not files.enrolled():
+        if not enrolled:
             raise ConfigError(
                 config.source, key,
                 f"peers or witnesses only once this node has a cluster identity "

@@ -92,12 +92,7 @@ def test_privileged_port_as_a_normal_user_says_what_it_needs():
     with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as fh:
         if int(fh.read()) <= 69:
             pytest.skip("this kernel lets every user bind port 69")
-    user: list[str] = []
-    if os.geteuid() == 0:  # root may bind it: drop to nobody for this run
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("running as root without setpriv(1) to become a normal user")
-        user = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    user = normal_user()
     # A directory the unprivileged user can read and write (pytest's tmp_path is root's 0700).
     with tempfile.TemporaryDirectory(prefix="rackboot-cli-") as top:
         home = Path(top)
@@ -109,6 +104,17 @@ def test_privileged_port_as_a_normal_user_says_what_it_needs():
         "plugin 'tftp': service 'tftp.server' failed to start: 127.0.0.1:69 (tftp.port): "
         "port 69 needs root or CAP_NET_BIND_SERVICE"
     )
+
+
+def normal_user() -> list[str]:
+    """The command prefix that runs the CLI as a normal user: nothing when this is one,
+    setpriv to nobody as root."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv(1) to become a normal user")
+    return [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
 # -- what `config check` must refuse as `run` does ----------------------------------
@@ -153,15 +159,15 @@ def test_two_services_on_one_address_and_port(tmp_path):
     assert rackboot(env, "config", "check", str(config)).returncode == EXIT_OK
 
 
+HA_PEERS = """\
+[ha]
+peers = ["0123456789abcdef@192.0.2.2:7471"]
+witnesses = ["fedcba9876543210@192.0.2.3:7471"]
+"""
+
+
 def test_ha_peers_without_a_cluster_identity(tmp_path):
-    config = config_file(
-        tmp_path,
-        """\
-        [ha]
-        peers = ["0123456789abcdef@192.0.2.2:7471"]
-        witnesses = ["fedcba9876543210@192.0.2.3:7471"]
-        """,
-    )
+    config = config_file(tmp_path, HA_PEERS)
     config.write_text(config.read_text().replace('enabled = "off"', 'enabled = "auto"', 1))
     message = only_line(rackboot(env_for(tmp_path), "config", "check", str(config)), EXIT_CONFIG)
     assert message == (
@@ -169,6 +175,25 @@ def test_ha_peers_without_a_cluster_identity(tmp_path):
         f"identity (the election is signed with it; none in {tmp_path}/data/cluster: run "
         "`rackboot cluster init` or `rackboot cluster join TOKEN` first)"
     )
+
+
+def test_a_normal_user_checking_roots_file_is_not_refused_for_what_it_cannot_see():
+    """The cluster identity lives in a data directory only root may read: a normal user's
+    `config check` cannot know, and must not claim it missing (nor crash on EACCES)."""
+    user = normal_user()
+    with tempfile.TemporaryDirectory(prefix="rackboot-cli-") as top:
+        home = Path(top)
+        home.chmod(0o755)
+        config = config_file(home, HA_PEERS)
+        config.write_text(config.read_text().replace('enabled = "off"', 'enabled = "auto"', 1))
+        config.chmod(0o644)
+        (home / "data" / "cluster").mkdir(parents=True, mode=0o700)
+        (home / "data").chmod(0o700)
+        if not user:
+            (home / "data").chmod(0o000)  # this user owns it: take the permission away
+        result = rackboot(env_for(home), "config", "check", str(config), user=user)
+        (home / "data").chmod(0o700)
+    assert (result.returncode, result.stderr) == (EXIT_OK, ""), result.stderr
 
 
 @pytest.mark.parametrize("text", ["", "# nothing set yet\n\n"])
