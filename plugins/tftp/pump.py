@@ -74,7 +74,7 @@ class Job:
     __slots__ = (
         "sock", "fd", "peer", "machine", "source", "need", "info", "started", "ended",
         "armed", "last_batch", "gso", "backlog", "parked", "waiting", "refilled", "crash",
-        "closed", "guard", "fenced",
+        "closed", "guard", "fenced", "evicted", "handed_back",
     )  # fmt: skip
 
     def __init__(
@@ -101,6 +101,8 @@ class Job:
         self.closed = False
         self.guard = guard  # fence.ok for a transfer from the VIP; None: the node's own address
         self.fenced = False  # stopped because the fence closed: nothing more was sent
+        self.evicted = False  # admission gave its slot to another client (set by trio)
+        self.handed_back = False  # posted to ``finished``: the pump no longer drives it
 
 
 class Pump:
@@ -134,6 +136,13 @@ class Pump:
     def resume(self, job: Job) -> None:
         """``job``'s refill is done (successfully or not: the source knows)."""
         job.refilled = True
+        self._inbox.append(job)
+        self._wake()
+
+    def evict(self, job: Job) -> None:
+        """End ``job`` for admission (``job.evicted`` is set): ERROR 0 to a verified
+        client, nothing to an unverified source (``ReadTransfer.evict``)."""
+        job.evicted = True
         self._inbox.append(job)
         self._wake()
 
@@ -230,11 +239,16 @@ class Pump:
             pass
         while self._inbox:
             job = self._inbox.popleft()
+            if job.handed_back:
+                continue  # it ended before an eviction (or its refill) reached us
             try:
                 if job.fd not in self._jobs:
                     self._epoll.register(job.fd, _IN)
                     self._jobs[job.fd] = job
                 job.waiting = False
+                if job.evicted:
+                    job.backlog.clear()
+                    job.machine.evict()  # _step sends its final ERROR, if any, and finishes
                 self._step(job, now)
             except Exception as exc:
                 self._crash(job, exc)
@@ -369,6 +383,9 @@ class Pump:
         self._finish(job, time.monotonic())
 
     def _finish(self, job: Job, now: float) -> None:
+        if job.handed_back:
+            return
+        job.handed_back = True
         if self._jobs.get(job.fd) is job:
             del self._jobs[job.fd]
             self._epoll.unregister(job.fd)

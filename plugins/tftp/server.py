@@ -7,8 +7,10 @@ the address the request arrived on (learnt with ``IP_PKTINFO``), and a
 (write requests, unknown modes, over ``max_transfers``) are answered from the
 listening socket, from the address the client asked.
 
-Admission, the ``tftp_open`` hook, opening the file and negotiation happen
-here, in the trio thread; the data path (every ACK, every DATA, the
+Admission (who gets a slot: ``admission.py``, applied here: a source's
+requests past its limit wait or are refused with an ERROR no longer than the
+request, a full table evicts for a poorer source), the ``tftp_open`` hook,
+opening the file and negotiation happen here, in the trio thread; the data path (every ACK, every DATA, the
 retransmission timers) runs in one dedicated thread, the pump (``pump.py``),
 which hands each job back when it ends. The thread lives inside ``serve``:
 cancelling ``serve`` stops and joins it, then closes every socket and file it
@@ -38,6 +40,7 @@ import trio
 
 from appliance.logs import get_logger
 
+from .admission import Admission, Limits, refusal
 from .confine import Refused
 from .negotiate import blksize_for_mtu, negotiate
 from .packets import (
@@ -90,6 +93,31 @@ class ServerConfig:
     timeout: float = 1.0
     max_timeout: float = 8.0
     busy_poll: float = 0.0  # seconds a lone transfer polls for its ACK before parking
+    # Concurrent transfers one source address may hold (admission.py: why 4); more wait.
+    max_transfers_per_source: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """A read request admitted or waiting: what starting it needs."""
+
+    request: Request
+    size: int  # bytes of the request: a refusal sent for it is never longer
+    peer: Address
+    local: str
+    ifindex: int
+    guard: Guard | None
+    sock: trio.socket.SocketType  # the listening socket it came on (refusals leave from it)
+
+
+class _Slot:
+    """One admitted request, from admission to close; ``job`` once handed to the pump."""
+
+    __slots__ = ("job", "evicted")
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.evicted = False
 
 
 class TftpServer:
@@ -106,13 +134,21 @@ class TftpServer:
         self.stats = stats
         self._open_hook = open_hook
         self.fence = fence  # node.fence: the VIP is spoken from only under the lease
-        self._clients: set[tuple[Address, str]] = set()  # (client TID, local address)
+        self._admission = Admission(
+            Limits(
+                max_transfers=config.max_transfers,
+                per_source=config.max_transfers_per_source,
+            )
+        )
+        self._slots: dict[tuple[Address, str], _Slot] = {}  # (client TID, local address)
+        self._wait_changed = trio.lowlevel.ParkingLot()
         self._ifindexes: set[int] = set()
         self.bound: list[Address] = []
         self._ended = trio.lowlevel.ParkingLot()
         self._jobs: set[Job] = set()  # handed to the pump and not yet closed
         self._pump: Pump | None = None
         self._nursery: trio.Nursery | None = None
+        self._closing = False
 
     async def wait_idle(self) -> None:
         """Return once no transfer is running."""
@@ -132,10 +168,12 @@ class TftpServer:
             async with trio.open_nursery() as nursery:
                 self._pump, self._nursery = pump, nursery
                 nursery.start_soon(_run_thread, pump)
+                nursery.start_soon(self._expire_waiting)
                 for sock in socks:
-                    nursery.start_soon(self._listen, sock, nursery)
+                    nursery.start_soon(self._listen, sock)
                 task_status.started(self.bound)
         finally:
+            self._closing = True  # what ends now frees no slot for anyone to take
             # The pump thread has returned (the nursery waited for it): what it
             # still held, and what was queued for it, is ours to close.
             for job in list(self._jobs):
@@ -146,7 +184,7 @@ class TftpServer:
 
     # -- requests ------------------------------------------------------------
 
-    async def _listen(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+    async def _listen(self, sock: trio.socket.SocketType) -> None:
         fallback = sock.getsockname()[0]
         while True:
             data, ancdata, _flags, peer = await sock.recvmsg(REQUEST_BUFFER, _ANCILLARY)
@@ -167,39 +205,102 @@ class TftpServer:
                 self.stats.transfers["fenced"] += 1  # to the VIP, which this node does not hold
                 continue
             key = (peer, local)
-            if key in self._clients:
-                continue  # a retransmitted request: its transfer is already running
-            refusal = self._admit(request, peer)
-            if refusal is None:
-                self._clients.add(key)
-                self.stats.active += 1
-                nursery.start_soon(self._start_transfer, request, peer, local, ifindex, guard)
-            else:
-                await self._refuse(sock, refusal, peer, local)
+            if key in self._admission:
+                continue  # a retransmitted request: its transfer is running or waiting
+            refused = _unservable(request)
+            if refused is not None:
+                self.stats.transfers["refused"] += 1
+                packet = encode_error(refused.code, refused.message)
+                await self._send_refusal(sock, packet, refused.code, peer, local)
+                continue
+            ask = _Ask(request, len(data), peer, local, ifindex, guard, sock)
+            self._admit(key, ask)
 
-    def _admit(self, request: Request, peer: Address) -> Refused | None:
-        name = request.filename
-        if request.opcode is Opcode.WRQ:
-            self.stats.transfers["refused"] += 1
-            return Refused(ErrorCode.ACCESS_VIOLATION, f"{name}: write requests are refused")
-        if request.mode not in TRANSFER_MODES:
-            self.stats.transfers["refused"] += 1
-            return Refused(ErrorCode.ILLEGAL_OPERATION, f"{request.mode}: unsupported mode")
-        if self.stats.active >= self.config.max_transfers:
-            self.stats.transfers["busy"] += 1
-            log.warning("busy: request refused", client=_fmt(peer), file=name)
-            return Refused(ErrorCode.NOT_DEFINED, "server busy, try again later")
-        return None
+    def _admit(self, key: tuple[Address, str], ask: _Ask) -> None:
+        """Apply admission's decision for a new request (admission.py)."""
+        decision = self._admission.request(
+            key, ask.peer[0], trio.current_time(), ask, self._verified
+        )
+        if decision.action == "admit":
+            if decision.evict is not None:
+                self._evict(decision.evict)
+            self._start(key, ask)
+        elif decision.action == "wait":
+            self.stats.waiting = self._admission.waiting
+            self._wait_changed.unpark_all()
+        else:
+            self._refuse_admission(ask, decision.reason)
+
+    def _start(self, key: tuple[Address, str], ask: _Ask) -> None:
+        slot = self._slots[key] = _Slot()
+        self.stats.active += 1
+        self._nursery.start_soon(self._start_transfer, ask, slot)
+
+    def _verified(self, key: tuple[Address, str]) -> bool:
+        """Has the client of running transfer ``key`` acknowledged anything? (Read across
+        threads: the flag only ever turns true, and a stale answer costs one fair choice.)"""
+        slot = self._slots.get(key)
+        return slot is not None and slot.job is not None and slot.job.machine.verified
+
+    def _evict(self, key: tuple[Address, str]) -> None:
+        """Admission gave ``key``'s slot to a newcomer: free it now, stop the transfer."""
+        slot = self._slots.pop(key)
+        slot.evicted = True
+        self.stats.active -= 1
+        self.stats.transfers["evicted"] += 1
+        log.info("evicted", client=_fmt(key[0]), reason="its slot went to a poorer source")
+        if slot.job is not None:
+            self._pump.evict(slot.job)
+        # else: still opening; _start_transfer drops it when it sees ``evicted``
+        self._ended.unpark_all()
+
+    def _refuse_admission(self, ask: _Ask, reason: str) -> None:
+        """Refused for load (``reason``): ERROR 0 no longer than the request, counted."""
+        if ask.guard is not None and not ask.guard():  # it waited, and the VIP moved on
+            self._fenced(ask.peer, ask.request.filename)
+            return
+        self.stats.transfers["busy"] += 1
+        self.stats.refusals[reason] += 1
+        log.debug("refused", client=_fmt(ask.peer), file=ask.request.filename, reason=reason)
+        packet = refusal(reason, ask.size)
+        self._nursery.start_soon(
+            self._send_refusal, ask.sock, packet, ErrorCode.NOT_DEFINED, ask.peer, ask.local
+        )
+
+    def _start_waiting(self) -> None:
+        """Start what waited for its source's turn; refuse what waited too long."""
+        if self._closing:
+            return
+        started, expired = self._admission.take_waiting(trio.current_time())
+        for ask in started:
+            self._start((ask.peer, ask.local), ask)
+        for ask in expired:
+            self._refuse_admission(ask, "wait_expired")
+        if started or expired:
+            self.stats.waiting = self._admission.waiting
+            self._wait_changed.unpark_all()
+
+    async def _expire_waiting(self) -> None:
+        """Wake when the oldest waiting request is due to expire (park while none waits)."""
+        while True:
+            deadline = self._admission.get_timer()
+            if deadline is None:
+                await self._wait_changed.park()
+                continue
+            with trio.move_on_at(deadline):
+                await self._wait_changed.park()
+            self._start_waiting()
 
     def _guard(self, local: str) -> Guard | None:
         """``fence.ok`` when ``local`` is the rack's VIP; None for the node's own addresses."""
         return None if self.fence is None else self.fence.guard_for(local)
 
-    async def _refuse(self, sock, refusal: Refused, peer: Address, local: str) -> None:
+    async def _send_refusal(
+        self, sock, packet: bytes, code: int, peer: Address, local: str
+    ) -> None:
         # From the address the client sent to, even on a socket bound to 0.0.0.0.
         info = _PKTINFO.pack(0, socket.inet_aton(local), bytes(4))
-        packet = encode_error(refusal.code, refusal.message)
-        self.stats.errors_sent[refusal.code] += 1
+        self.stats.errors_sent[code] += 1
         try:
             await sock.sendmsg([packet], [(socket.IPPROTO_IP, IP_PKTINFO, info)], 0, peer)
         except OSError as exc:
@@ -207,29 +308,37 @@ class TftpServer:
 
     # -- transfers -----------------------------------------------------------
 
-    async def _start_transfer(
-        self, request: Request, peer: Address, local: str, ifindex: int, guard: Guard | None
-    ) -> None:
+    async def _start_transfer(self, ask: _Ask, slot: _Slot) -> None:
         """Open what was asked and hand the transfer to the pump, or refuse it."""
         job = None
+        peer, local = ask.peer, ask.local
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             _connect_transfer_socket(sock, local, peer)
-            job = await self._prepare(sock, request, peer, local, ifindex, guard)
+            job = await self._prepare(sock, ask, slot)
         except Exception as exc:  # one transfer's bug or socket error must not stop the server
             self.stats.transfers["failed"] += 1
             log.error("transfer crashed", client=_fmt(peer), error=f"{type(exc).__name__}: {exc}")
+            if ask.guard is None or ask.guard():  # no request ends in silence
+                message = f"{ask.request.filename}: server error"
+                _send_now(sock, encode_error(ErrorCode.NOT_DEFINED, message), peer)
+                self.stats.errors_sent[ErrorCode.NOT_DEFINED] += 1
         finally:
             if job is None:
                 sock.close()
-                self._release(peer, local)
-        if job is not None:
+                self._release((peer, local), slot)
+        if job is not None and slot.evicted:  # its slot went to another while it opened
+            job.source.close()
+            job.sock.close()
+        elif job is not None:
+            slot.job = job
             self._jobs.add(job)
             self._pump.submit(job)
 
-    async def _prepare(
-        self, sock, request: Request, peer: Address, local: str, ifindex: int, guard: Guard | None
-    ) -> Job | None:
+    async def _prepare(self, sock, ask: _Ask, slot: _Slot) -> Job | None:
+        request, peer, local, ifindex, guard = (
+            ask.request, ask.peer, ask.local, ask.ifindex, ask.guard
+        )  # fmt: skip
         client = Client(ipaddress.IPv4Address(peer[0]), peer[1], ipaddress.IPv4Address(local))
         try:
             source = await self._open(request.filename, client)
@@ -260,7 +369,9 @@ class TftpServer:
             source.close()
             raise
         need = options.blksize * (options.windowsize + 1)  # lock-step reads a block ahead
-        return Job(sock, peer, machine, source, need, (request, local, options), started, guard)
+        return Job(
+            sock, peer, machine, source, need, (request, local, options, slot), started, guard
+        )
 
     async def _open(self, requested: str, client: Client) -> Source:
         if self._open_hook is not None:
@@ -298,7 +409,7 @@ class TftpServer:
         if job.closed:
             return
         self._close(job)
-        request, _local, options = job.info
+        request, _local, options, _slot = job.info
         machine = job.machine
         if job.crash is not None:
             self.stats.transfers["failed"] += 1
@@ -308,6 +419,10 @@ class TftpServer:
         if job.fenced:
             self._fenced(job.peer, request.filename)
             return
+        if job.evicted:  # counted and logged when its slot was taken
+            if job.last_batch and job.last_batch[-1][:2] == bytes((0, Opcode.ERROR)):
+                self.stats.errors_sent[ErrorCode.NOT_DEFINED] += 1  # told: it was verified
+            return
         # The final batch holds our ERROR when we ended the transfer with one.
         batch = job.last_batch
         sent_error = bool(batch) and batch[-1][:2] == bytes((0, Opcode.ERROR))
@@ -316,7 +431,7 @@ class TftpServer:
             "seconds": round(job.ended - job.started, 3),
             "blksize": options.blksize, "windowsize": options.windowsize, "tsize": options.tsize,
         }  # fmt: skip
-        self._record(machine.next_event(), sent_error, fields)
+        self._record(machine.next_event(), sent_error, machine.verified, fields)
 
     def _close(self, job: Job) -> None:
         """Release ``job`` (the pump no longer holds it): counters, socket, file, slot."""
@@ -329,19 +444,25 @@ class TftpServer:
         self.stats.send_buffer_full += job.parked
         job.sock.close()
         job.source.close()
-        self._release(job.peer, job.info[1])
+        self._release((job.peer, job.info[1]), job.info[3])
 
-    def _release(self, peer: Address, local: str) -> None:
+    def _release(self, key: tuple[Address, str], slot: _Slot) -> None:
+        """``slot``'s transfer is over: its place goes to whoever waits (unless admission
+        already gave it away, evicting it)."""
+        if self._slots.get(key) is not slot:
+            return
+        del self._slots[key]
+        self._admission.release(key)
         self.stats.active -= 1
-        self._clients.discard((peer, local))
         self._ended.unpark_all()
+        self._start_waiting()
 
     def _fenced(self, peer: Address, name: str) -> None:
         """A transfer from the VIP stopped because the lease is gone: nothing more was sent."""
         self.stats.transfers["fenced"] += 1
         log.info("fenced", client=_fmt(peer), file=name, reason="the rack's lease is not held")
 
-    def _record(self, event, sent_error: bool, fields: dict[str, Any]) -> None:
+    def _record(self, event, sent_error: bool, job_verified: bool, fields: dict[str, Any]) -> None:
         if isinstance(event, TransferComplete):
             self.stats.transfers["complete"] += 1
             log.info("sent", bytes=event.bytes_sent, retransmits=event.retransmits, **fields)
@@ -352,6 +473,8 @@ class TftpServer:
         elif sent_error:
             outcome = "failed"
             self.stats.errors_sent[event.code] += 1
+        elif not job_verified:
+            outcome = "unverified"  # never acknowledged anything: perhaps a forged source
         else:
             outcome = "timeout"
         self.stats.transfers[outcome] += 1
@@ -359,6 +482,17 @@ class TftpServer:
 
 
 # -- sockets and the thread -----------------------------------------------------
+
+
+def _unservable(request: Request) -> Refused | None:
+    """Requests refused whatever the load: writes, unknown modes."""
+    if request.opcode is Opcode.WRQ:
+        return Refused(
+            ErrorCode.ACCESS_VIOLATION, f"{request.filename}: write requests are refused"
+        )
+    if request.mode not in TRANSFER_MODES:
+        return Refused(ErrorCode.ILLEGAL_OPERATION, f"{request.mode}: unsupported mode")
+    return None
 
 
 def _connect_transfer_socket(sock: socket.socket, local: str, peer: Address) -> None:

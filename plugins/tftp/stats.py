@@ -15,8 +15,16 @@ from prometheus_client.registry import Collector
 # stopped with an ERROR mid-transfer (read error, file changed); "aborted": the
 # client sent an ERROR; "timeout": the client went silent; "fenced": a request to the
 # rack's VIP while this node did not hold the lease, or a transfer from the VIP stopped
-# (without an ERROR) when the lease was lost.
-OUTCOMES = ("complete", "refused", "busy", "failed", "aborted", "timeout", "fenced")
+# (without an ERROR) when the lease was lost; "busy": refused for load (admission.py:
+# see REFUSALS); "evicted": its slot went to a source holding fewer; "unverified": the
+# client never acknowledged anything and the transfer gave up after two retransmissions.
+OUTCOMES = (
+    "complete", "refused", "busy", "failed", "aborted", "timeout", "fenced", "evicted",
+    "unverified",
+)  # fmt: skip
+# Why a request was refused for load ("busy" above): over its source's limit with its
+# wait list full, the table full with no source holding more, or waited too long.
+REFUSALS = ("per_source", "busy", "wait_expired")
 
 
 class Stats(Collector):
@@ -24,6 +32,8 @@ class Stats(Collector):
 
     def __init__(self) -> None:
         self.active = 0
+        self.waiting = 0  # requests waiting for their source's turn (set by the server)
+        self.refusals: Counter[str] = Counter({r: 0 for r in REFUSALS})
         self.transfers: Counter[str] = Counter({o: 0 for o in OUTCOMES})
         self.bytes_sent = 0
         self.retransmits = 0
@@ -34,6 +44,8 @@ class Stats(Collector):
     def as_dict(self) -> dict[str, Any]:
         return {
             "active_transfers": self.active,
+            "waiting_requests": self.waiting,
+            "refusals": dict(self.refusals),
             "transfers": dict(self.transfers),
             "bytes_sent": self.bytes_sent,
             "retransmits": self.retransmits,
@@ -48,6 +60,21 @@ class Stats(Collector):
         )
         active.add_metric([], self.active)
         yield active
+        waiting = GaugeMetricFamily(
+            "rackboot_tftp_waiting_requests",
+            "TFTP read requests waiting for their source address's turn (per-source limit).",
+        )
+        waiting.add_metric([], self.waiting)
+        yield waiting
+        refusals = CounterMetricFamily(
+            "rackboot_tftp_admission_refusals",
+            "TFTP read requests refused for load, by reason (never answered with more bytes "
+            "than the request).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self.refusals.items()):
+            refusals.add_metric([reason], n)
+        yield refusals
         transfers = CounterMetricFamily(
             "rackboot_tftp_transfers", "TFTP read requests by outcome.", labels=["outcome"]
         )
