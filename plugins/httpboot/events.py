@@ -19,6 +19,7 @@ read once to import it.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -204,6 +205,13 @@ class MachineEvents:
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._events.keys() | self._cleared.keys()))
+
+    def page(self, after: str | None, limit: int) -> list[str]:
+        """At most ``limit`` machines in MAC order, those after ``after`` (None: from the
+        first). A MAC is a stable cursor: a machine added meanwhile is not skipped twice."""
+        macs = sorted(self._events.keys() | self._cleared.keys())
+        start = bisect.bisect_right(macs, after) if after is not None else 0
+        return macs[start : start + limit]
 
     def held(self) -> int:
         """Events held, all machines together (shown or not yet deleted)."""

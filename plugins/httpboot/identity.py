@@ -1,8 +1,9 @@
 """Who a machine is on the wire: its MAC in URLs, and the token its installer posts events with.
 
-The token is an HMAC of the MAC under the node's secret: the boot script hands it
-to the installer (kernel command line), nothing needs storing per machine, and a
-machine's token is useless for any other MAC. Sans-IO.
+The token is an HMAC of the MAC and of its current boot's nonce under the rack's
+secret: the boot script hands it to the installer (kernel command line), it is
+useless for any other MAC, and it dies with the machine's next boot (a new nonce,
+recorded in the state log: plugins/httpboot/boots.py). Sans-IO.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import re
 _MAC = re.compile(r"[0-9a-fA-F]{2}([-:])[0-9a-fA-F]{2}(?:\1[0-9a-fA-F]{2}){4}")
 _TOKEN68 = re.compile(rb"[A-Za-z0-9._~+/-]+=*")
 MAX_CREDENTIALS = 512  # an Authorization header longer than this is not ours
-TOKEN_CONTEXT = b"rackboot events v1\0"
+# v1 was the MAC alone: a token for ever, which anyone could fetch with the MAC's script.
+TOKEN_CONTEXT = b"rackboot events v2\0"
 TOKEN_HEX_DIGITS = 32  # 128 bits: enough against guessing, short on a kernel command line
 
 
@@ -30,10 +32,10 @@ def url_mac(mac: str) -> str:
     return mac.replace(":", "-")
 
 
-def machine_token(secret: bytes, mac: str) -> str:
-    """The events token of ``mac`` (canonical form) under ``secret``."""
-    digest = hmac.new(secret, TOKEN_CONTEXT + mac.encode("ascii"), hashlib.sha256).hexdigest()
-    return digest[:TOKEN_HEX_DIGITS]
+def machine_token(secret: bytes, mac: str, nonce: str) -> str:
+    """The events token of ``mac`` (canonical form) for its boot ``nonce`` under ``secret``."""
+    message = TOKEN_CONTEXT + mac.encode("ascii") + b"\0" + nonce.encode("ascii")
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()[:TOKEN_HEX_DIGITS]
 
 
 def bearer_untrusted(authorization: bytes | None) -> bytes | None:

@@ -17,6 +17,7 @@ Error pages are a status line's text and nothing else: never a server path.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -67,8 +68,14 @@ class Response:
 
     @classmethod
     def json(cls, document: Any, status: int = 200) -> Response:
-        body = json.dumps(document, separators=(",", ":"), sort_keys=True).encode() + b"\n"
-        return cls(status, [(b"content-type", JSON), NO_STORE], body)
+        """Strict JSON (RFC 8259): a float that is not finite (a lease that never ends is
+        ``inf`` in the node's status) is written ``null``, never ``Infinity`` or ``NaN``,
+        which most parsers refuse."""
+        try:
+            text = _strict_json(document)
+        except ValueError:  # out of range: rare, so the document is copied only then
+            text = _strict_json(_finite(document))
+        return cls(status, [(b"content-type", JSON), NO_STORE], text.encode() + b"\n")
 
     @classmethod
     def text(cls, text: str, status: int = 200, content_type: bytes = TEXT) -> Response:
@@ -101,6 +108,21 @@ class Response:
     def close(self) -> None:
         if self.region is not None:
             self.region.handle.close()
+
+
+def _strict_json(document: Any) -> str:
+    return json.dumps(document, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+def _finite(document: Any) -> Any:
+    """``document`` with every float that is not finite replaced by None."""
+    if isinstance(document, float):
+        return document if math.isfinite(document) else None
+    if isinstance(document, dict):
+        return {key: _finite(value) for key, value in document.items()}
+    if isinstance(document, list | tuple):
+        return [_finite(value) for value in document]
+    return document
 
 
 Handler = Callable[[Request], "Response | Awaitable[Response]"]

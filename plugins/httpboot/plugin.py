@@ -23,6 +23,7 @@ from appliance.api import (
     Float,
     Int,
     IPv4Address,
+    IPv4Network,
     List,
     Role,
     Section,
@@ -38,6 +39,7 @@ from appliance.state.store import NotWriter
 from . import hookspecs
 from .connection import Limits
 from .identity import parse_mac_untrusted
+from .machines import Machines, RefusalMetrics
 from .router import RouteConflict, Router
 from .routes import BootPolicy, BuiltinRoutes
 from .script import Profile
@@ -122,6 +124,21 @@ SECTION = Section(
             default="",
             doc="Bearer token for the admin routes; '' disables them (the safe default).",
         ),
+        "bind_tokens_to_lease": Field(
+            Bool(),
+            default=True,
+            dev_default=False,
+            doc="Serve a machine's script (its events token) and take its events only from the "
+            "address of its DHCP lease (bound, unexpired) or reservation. Off: from any address "
+            "(the development node, which has no DHCP and listens on loopback only).",
+        ),
+        "status_networks": Field(
+            List(IPv4Network()),
+            default=(),
+            dev_default=("127.0.0.0/8",),
+            doc="Source networks that may read /api/v1/status without the admin token; [] = "
+            "the admin token is needed (/metrics stays open).",
+        ),
         "secret_file": Field(
             Str(r"(/.*)?", "'' or an absolute file path"),
             default="",
@@ -175,6 +192,16 @@ def _profiles(settings: Any, source: str) -> dict[str, Profile]:
     return profiles
 
 
+def _reserved_addresses(config: Config) -> dict[str, str]:
+    """mac -> address of the DHCP reservations made by MAC: the address that speaks for it."""
+    dhcp = config.sections.get("dhcp")
+    return {
+        parse_mac_untrusted(r.mac) or r.mac: str(r.address)
+        for r in (dhcp.reservations if dhcp is not None else ())
+        if r.mac is not None
+    }
+
+
 def _machines(config: Config, profiles: dict[str, Profile]) -> dict[str, str]:
     """mac -> profile: DHCP reservations' ``profile``, then ``[[httpboot.machines]]``."""
     known = ", ".join(sorted(profiles))
@@ -207,6 +234,7 @@ class HttpBootPlugin:
         self.pm: pluggy.PluginManager | None = None
         self.settings: Any = None
         self.policy: BootPolicy | None = None
+        self.reserved: dict[str, str] = {}
         self.active = False
         self.service: _Service | None = None
 
@@ -224,6 +252,7 @@ class HttpBootPlugin:
         self.settings = settings = config["httpboot"]
         profiles = _profiles(settings, config.source)
         self.policy = BootPolicy(profiles, _machines(config, profiles), settings.default_profile)
+        self.reserved = _reserved_addresses(config)
 
     @hookimpl
     def rackboot_services(self, node: Node) -> list[Service]:
@@ -251,6 +280,7 @@ class HttpBootPlugin:
             "recording_events": self.active,
             "secret": "present" if service.secret() is not None else "absent",
             "machines_with_events": len(service.store.table),
+            "machines": service.machines.status(),
             "events": service.store.status(),
             "journal": service.legacy_journal,
             **service.stats.as_dict(),
@@ -268,6 +298,14 @@ class _Service:
         node.metrics.register(self.stats)
         self.store = EventStore(node.state, settings.retain_events)
         self.secret = Secret(node.state)
+        assert plugin.policy is not None
+        self.machines = Machines(
+            node.state,
+            reservations=plugin.reserved,
+            listed=plugin.policy.machines.keys(),
+            bind=settings.bind_tokens_to_lease,
+        )
+        node.metrics.register(RefusalMetrics(self.machines))
         # The files of earlier releases, imported once by an active node (docs/httpboot.md).
         self.legacy_secret_path = (
             Path(settings.secret_file)
@@ -313,6 +351,10 @@ class _Service:
             metrics=node.metrics,
             script_hook=hook.httpboot_boot_script,
             event_hook=hook.httpboot_machine_event,
+            machines=self.machines,
+            # (a default is not run through its kind: it may still be text)
+            status_networks=tuple(ipaddress.IPv4Network(str(n)) for n in settings.status_networks),
+            node_name=node.config.node.name,
         )
         added = [route for routes in hook.httpboot_routes(node=node) for route in routes or ()]
         try:

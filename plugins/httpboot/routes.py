@@ -1,13 +1,13 @@
 """The built-in routes: boot scripts and files, the machines' events API, status, metrics.
 
 ==========================================  ===========================================
-``GET /boot/{mac}.ipxe``                     the machine's iPXE script (its profile)
+``GET /boot/{mac}.ipxe``                     the machine's iPXE script (its address only)
 ``GET /boot/{path}``                         a file under the root, confined
-``POST /api/v1/machines/{mac}/events``       an installer's event (machine token)
+``POST /api/v1/machines/{mac}/events``       an installer's event (its address, boot's token)
 ``GET /api/v1/machines/{mac}``               a machine's events and last stage
-``GET /api/v1/machines``                     every machine with events, last stage
+``GET /api/v1/machines``                     machines with events, a page (limit, after)
 ``DELETE /api/v1/machines/{mac}/events``     forget a machine's events (admin token)
-``GET /api/v1/status``                       the node's status (``rackboot status``)
+``GET /api/v1/status``                       the node's status (admin token or network)
 ``GET /metrics``                             the node's Prometheus registry
 ==========================================  ===========================================
 """
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,17 +26,21 @@ import prometheus_client
 
 from appliance import confine
 from appliance.logs import get_logger
+from appliance.state.store import NotWriter
 
 from .events import BadEvent, Event, parse_event_untrusted
 from .identity import bearer_untrusted, machine_token, parse_mac_untrusted, token_matches
+from .machines import Machines
 from .messages import Request, Response, Route
 from .script import Machine, Profile, base_url, render_ipxe
 from .stats import Stats
 from .store import EventStore
+from .urlpath import BadTarget, parse_query_untrusted
 
 log = get_logger("httpboot")
 
 CHALLENGE = (b"www-authenticate", b'Bearer realm="rackboot"')
+PAGE_DEFAULT, PAGE_MAX = 100, 1000  # machines per page of GET /api/v1/machines
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ class BuiltinRoutes:
         metrics: prometheus_client.CollectorRegistry,
         script_hook: Callable[..., str | None],
         event_hook: Callable[..., object],
+        machines: Machines,
+        status_networks: tuple[ipaddress.IPv4Network, ...] = (),
+        node_name: str = "",
     ) -> None:
         self.root = root
         self.policy = policy
@@ -81,6 +89,9 @@ class BuiltinRoutes:
         self.metrics = metrics
         self.script_hook = script_hook
         self.event_hook = event_hook
+        self.machines = machines  # boots, and which address speaks for a MAC
+        self.status_networks = status_networks
+        self.node_name = node_name
 
     def api(self) -> list[Route]:
         """Routes matched before any plugin's."""
@@ -90,7 +101,7 @@ class BuiltinRoutes:
             Route("POST", events, self.post_event, self.max_event_bytes, name="events"),
             Route("DELETE", events, self.clear_events, name="clear-events"),
             Route("GET", "/api/v1/machines/{mac}", self.machine, name="machine"),
-            Route("GET", "/api/v1/machines", self.machines, name="machines"),
+            Route("GET", "/api/v1/machines", self.machines_page, name="machines"),
             Route("GET", "/api/v1/status", self.status, name="status"),
             Route("GET", "/metrics", self.prometheus, name="metrics"),
         ]
@@ -119,7 +130,7 @@ class BuiltinRoutes:
             return Response.error(403)
         return Response.file(handle, st)
 
-    def script(self, request: Request) -> Response:
+    async def script(self, request: Request) -> Response:
         mac = parse_mac_untrusted(request.params["mac"])
         if mac is None:  # not a machine's script: a file of that name, if any
             request.params["path"] = request.path.removeprefix("/boot/")
@@ -128,12 +139,28 @@ class BuiltinRoutes:
         if secret is None:  # a standby before the active's secret reached it: no token to give
             self.stats.scripts_unavailable += 1
             return Response.unavailable("no events token secret here yet; try again")
+        client = request.client[0]
+        standing = self.machines.standing(mac, client)
+        if standing is None:  # the script holds the machine's token: for the machine only
+            return self._not_its_address("script", mac)
+        boot = self.machines.reusable(mac, client, standing)
+        if boot is None:  # a new boot: a new token, committed before anyone holds it
+            if not self.is_active():
+                self.machines.refused("script", "standby")
+                return Response.unavailable("a new boot is recorded by the active node")
+            try:
+                boot = await self.machines.new_boot(mac, client, standing, self.node_name)
+            except NotWriter:
+                boot = None
+            if boot is None:  # the lease lost, or no commit in time: this token is no one's
+                self.machines.refused("script", "not-recorded")
+                return _standby()
         machine = Machine(
             mac=mac,
             profile=self.policy.profile_for(mac),
             base_url=self.public_url or base_url(*request.local),
-            token=machine_token(secret, mac),
-            client=request.client[0],
+            token=machine_token(secret, mac, boot.nonce),
+            client=client,
         )
         default = render_ipxe(machine)
         try:
@@ -149,6 +176,24 @@ class BuiltinRoutes:
     def _machine_or_none(self, request: Request) -> str | None:
         return parse_mac_untrusted(request.params["mac"])
 
+    def _not_its_address(self, route: str, mac: str) -> Response:
+        """403 to an address that does not speak for a machine Rackboot knows, 404 for a
+        machine it does not know (no boot, no reservation, not configured)."""
+        if self.machines.known(mac):
+            reason, refusal = (
+                "wrong-source",
+                Response.error(
+                    403, "only the address of this machine's DHCP lease or reservation may ask"
+                ),
+            )
+        else:
+            reason, refusal = "unknown-machine", Response.error(404, "no such machine here")
+        if route == "events":
+            self.stats.event_refusals[reason] += 1
+        else:
+            self.machines.refused(route, reason)
+        return refusal
+
     async def post_event(self, request: Request) -> Response:
         mac = self._machine_or_none(request)
         if mac is None:
@@ -157,8 +202,14 @@ class BuiltinRoutes:
         if secret is None:
             self.stats.event_refusals["no-secret"] += 1
             return Response.unavailable("no events token secret here yet; try again")
+        boot = self.machines.boot(mac)
+        if boot is None:  # never given a token: no event of it can be genuine
+            self.stats.event_refusals["unknown-machine"] += 1
+            return Response.error(404, "no boot of this machine here: its script gives the token")
+        if self.machines.standing(mac, request.client[0]) is None:
+            return self._not_its_address("events", mac)
         presented = bearer_untrusted(request.header(b"authorization"))
-        if not token_matches(machine_token(secret, mac), presented):
+        if not token_matches(machine_token(secret, mac, boot.nonce), presented):
             self.stats.event_refusals["unauthorized"] += 1
             return _unauthorized()
         if not self.is_active():
@@ -223,10 +274,25 @@ class BuiltinRoutes:
             }
         )
 
-    def machines(self, request: Request) -> Response:
+    def machines_page(self, request: Request) -> Response:
+        """Machines with events in MAC order, ``limit`` (default PAGE_DEFAULT, at most
+        PAGE_MAX) after the MAC ``after``; ``next`` is the ``after`` of the next page."""
+        try:
+            query = parse_query_untrusted(request.query, ("limit", "after"))
+        except BadTarget as exc:
+            return Response.error(400, str(exc))
+        limit_text = query.get("limit", str(PAGE_DEFAULT))
+        limit = int(limit_text) if limit_text.isdigit() and len(limit_text) <= 6 else 0
+        if not 1 <= limit <= PAGE_MAX:
+            return Response.error(400, f"limit: expected 1 to {PAGE_MAX}")
+        after = parse_mac_untrusted(query["after"]) if "after" in query else None
+        if "after" in query and after is None:
+            return Response.error(400, "after: expected a MAC (the 'next' of a page)")
         table = self.store.table
+        macs = table.page(after, limit + 1)
+        more = len(macs) > limit
         rows = []
-        for mac in table:
+        for mac in macs[:limit]:
             last = table.last(mac)
             rows.append(
                 {
@@ -237,12 +303,31 @@ class BuiltinRoutes:
                     "events": len(table.events(mac)),
                 }
             )
-        return Response.json({"machines": rows})
+        return Response.json(
+            {"machines": rows, "limit": limit, "next": rows[-1]["mac"] if more else None}
+        )
 
     # -- the node ---------------------------------------------------------
 
     def status(self, request: Request) -> Response:
+        """The node's paths, pid and listeners are for its operators: the admin token, or
+        a source in ``status_networks``. (``/metrics`` stays open for scrapers.)"""
+        if not self._in_status_networks(request.client[0]):
+            presented = bearer_untrusted(request.header(b"authorization"))
+            if not self.admin_token:
+                self.machines.refused("status", "forbidden")
+                return Response.error(403, "status needs httpboot.admin_token or status_networks")
+            if not token_matches(self.admin_token, presented):
+                self.machines.refused("status", "unauthorized")
+                return _unauthorized("status needs the admin token")
         return Response.json(self.status_of_node())
+
+    def _in_status_networks(self, client: str) -> bool:
+        try:
+            address = ipaddress.IPv4Address(client)
+        except ValueError:
+            return False
+        return any(address in network for network in self.status_networks)
 
     def prometheus(self, request: Request) -> Response:
         text = prometheus_client.generate_latest(self.metrics)
@@ -252,8 +337,8 @@ class BuiltinRoutes:
         )
 
 
-def _unauthorized() -> Response:
-    refused = Response.error(401)
+def _unauthorized(detail: str = "") -> Response:
+    refused = Response.error(401, detail)
     refused.headers.append(CHALLENGE)
     return refused
 

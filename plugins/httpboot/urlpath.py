@@ -69,3 +69,28 @@ def split_target_untrusted(target: bytes) -> tuple[str, bytes]:
 
 def _unescape(hex_digits: bytes) -> bytes:
     return bytes((int(hex_digits, 16),))
+
+
+MAX_QUERY = 512
+MAX_PARAMETERS = 8
+_PARAMETER = re.compile(rb"[A-Za-z0-9_.~:-]*")  # unreserved, and ':' for a MAC
+
+
+def parse_query_untrusted(query: bytes, known: tuple[str, ...]) -> dict[str, str]:
+    """``name=value&...`` of an API route's query, every name among ``known``, each once,
+    names and values of unreserved characters only (a MAC, a number); else
+    :class:`BadTarget`. What an API needs is never percent-encoded, so nothing is."""
+    if len(query) > MAX_QUERY:
+        raise BadTarget("query too long")
+    parameters: dict[str, str] = {}
+    for pair in query.split(b"&") if query else ():
+        name, has_value, value = pair.partition(b"=")
+        if not (has_value and _PARAMETER.fullmatch(name) and _PARAMETER.fullmatch(value)):
+            raise BadTarget("query: expected name=value pairs of letters, digits, - . _ ~ :")
+        text = name.decode("ascii")
+        if text not in known:
+            raise BadTarget(f"query: unknown parameter {text[:32]!r} (known: {', '.join(known)})")
+        if text in parameters or len(parameters) >= MAX_PARAMETERS:
+            raise BadTarget(f"query: {text!r} given twice")
+        parameters[text] = value.decode("ascii")
+    return parameters

@@ -1,11 +1,14 @@
 """HTTP boot in a rack of two real appliances and a witness over loopback (the election,
 replication with TLS and signed frames, the real clock): the token secret and the events
-an installer posts to the active are on the standby, which after a hand-over serves the
-same script and token and records the installer's next event."""
+an installer posts to the active are on the standby, and so is the machine's boot (the
+nonce its token is made with), so after a hand-over the new active serves the same script
+and token, under the same DHCP lease, and records the installer's next event. Tokens are
+bound to the lease (the test writes the machine's lease for 127.0.0.1 as DHCP would)."""
 
 from __future__ import annotations
 
 import json
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -14,7 +17,10 @@ import trio
 from appliance.api import Role, hookimpl
 from appliance.ha.witness import Witness, load_identity
 from appliance.node import Node
+from plugins.dhcp.leases import NAMESPACE as LEASES_NS
+from plugins.dhcp.leases import Lease, LeaseState, lease_value
 from plugins.httpboot.events import EVENTS_NS
+from plugins.httpboot.machines import MACHINES_NS
 from plugins.httpboot.plugin import HttpBootPlugin
 from plugins.httpboot.store import Secret
 from tests.support.ha import enrol_members, free_udp_ports, node_id
@@ -44,7 +50,7 @@ class Recorder:
 async def appliance(data_dir: Path, name: str, ha: dict):
     recorder = Recorder()
     document = {"node": {"name": name, "data_dir": str(data_dir)}, "cluster": CLUSTER, "ha": ha,
-                "httpboot": {"port": 0}}  # fmt: skip
+                "httpboot": {"port": 0, "bind_tokens_to_lease": True}}  # fmt: skip
     config, pm = configured(data_dir, document, httpboot=HttpBootPlugin(), recorder=recorder)
     node = Node(config, pm)
     async with trio.open_nursery() as nursery:
@@ -99,8 +105,17 @@ async def test_the_standby_holds_the_events_and_the_secret_and_takes_over_with_t
         # one secret for the rack: the active wrote it, the standby has it from the log
         await wait_until(lambda: Secret(standby.state)() is not None, what="the replicated secret")
         assert Secret(standby.state)() == Secret(active.state)()
+        # the machine's DHCP lease, committed by the active (so on the standby too)
+        mac = bytes.fromhex(MAC.replace(":", ""))
+        starts = time.time()
+        lease = Lease(0x7F000001, b"\x01" + mac, mac, "127.0.0.0/8", LeaseState.BOUND, starts,
+                      starts + 3600)  # fmt: skip
+        await active.state.put(LEASES_NS, "127.0.0.1", lease_value(lease))
         script = await fetch(http(active), "GET", SCRIPT)
         token = token_of(script.body)
+        # the boot committed before the script left: the standby has it, and serves the
+        # same token under the same lease
+        assert standby.state.get(MACHINES_NS, MAC) == active.state.get(MACHINES_NS, MAC)
         assert token_of((await fetch(http(standby), "GET", SCRIPT)).body) == token
         bearer = [("authorization", f"Bearer {token}")]
 

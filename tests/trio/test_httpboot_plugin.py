@@ -24,6 +24,7 @@ from appliance.pluginmanager import collect_sections
 from plugins.dhcp.plugin import DhcpPlugin
 from plugins.httpboot.events import EVENTS_NS, Cleared, Event, encode_record
 from plugins.httpboot.identity import machine_token
+from plugins.httpboot.machines import MACHINES_NS, Machines
 from plugins.httpboot.messages import Response, Route
 from plugins.httpboot.plugin import HttpBootPlugin
 from plugins.httpboot.store import SECRET_KEY, SECRET_NS, Secret
@@ -91,14 +92,27 @@ def builtin_routes(tmp_path: Path, **overrides):
 
     state = StateStore(tmp_path / "state", Fence(trio.current_time))
     state.load()
+    machines = Machines(state, reservations={}, bind=False)
     arguments = dict(
         root=tmp_path, policy=BootPolicy({"default": Profile("default", "vmlinuz", (), "")}, {},
                                          "default"),
         secret=Secret(state), store=EventStore(state, 16), stats=Stats(), public_url="",
         admin_token="", max_event_bytes=4096, is_active=lambda: True, status=dict,
         metrics=None, script_hook=lambda **kw: None, event_hook=lambda event: None,
+        machines=machines,
     )  # fmt: skip
     return BuiltinRoutes(**{**arguments, **overrides})
+
+
+def token_of(script: bytes) -> str:
+    return script.split(b"rackboot.token=")[1].split()[0].decode()
+
+
+async def booted(where: tuple[str, int], mac: str = MAC) -> str:
+    """The events token of a new boot of ``mac``: its script fetched."""
+    script = await fetch(where, "GET", f"/boot/{mac.replace(':', '-')}.ipxe")
+    assert script.status == 200, script
+    return token_of(script.body)
 
 
 def event_body(stage="installed", status="ok", message="done") -> bytes:
@@ -166,9 +180,11 @@ async def test_scripts_follow_the_machine_profile_and_the_address_asked(tmp_path
         async with running(tmp_path, document) as (node, listening):
             where = address(listening)
             base = f"http://{listening}"
-            token = machine_token(rack_secret(node), MAC)
             debian = await fetch(where, "GET", "/boot/52-54-00-12-34-56.ipxe")
             assert debian.status == 200 and debian.header(b"cache-control") == b"no-store"
+            token = token_of(debian.body)
+            nonce = node.state.get(MACHINES_NS, MAC)["nonce"]
+            assert token == machine_token(rack_secret(node), MAC, nonce)
             assert debian.body.decode().splitlines() == [
                 "#!ipxe",
                 f"# rackboot machine {MAC} profile debian",
@@ -178,8 +194,12 @@ async def test_scripts_follow_the_machine_profile_and_the_address_asked(tmp_path
                 f"initrd {base}/boot/debian/initrd.gz",
                 "boot",
             ]
-            same = await fetch(where, "GET", "/boot/52:54:00:12:34:56.ipxe")
-            assert same.body == debian.body  # colons work too
+            same = await fetch(where, "GET", "/boot/52:54:00:12:34:56.ipxe")  # colons work too
+            # without a lease to tell a second fetch from a new boot, each is a new boot
+            assert token_of(same.body) != token
+            assert same.body.replace(token_of(same.body).encode(), b"") == debian.body.replace(
+                token.encode(), b""
+            )
             reserved = await fetch(where, "GET", "/boot/52-54-00-00-00-05.ipxe")
             assert b"profile local\nexit\n" in reserved.body  # the DHCP reservation's profile
             other = await fetch(where, "GET", "/boot/52-54-00-00-00-09.ipxe")
@@ -269,8 +289,12 @@ async def test_events_need_the_machines_own_token(tmp_path):
             secret = rack_secret(node)
             assert len(secret) == 32 and not (tmp_path / "data" / "httpboot" / "secret").exists()
             assert node.state.get(SECRET_NS, SECRET_KEY)["origin"] == "created"
-            token = machine_token(secret, MAC)
             url = "/api/v1/machines/52-54-00-12-34-56/events"
+            never_booted = await fetch(
+                where, "POST", url, headers=bearer("0" * 32), body=event_body()
+            )
+            assert never_booted.status == 404 and b"no boot of this machine" in never_booted.body
+            token = await booted(where)
             missing = await fetch(where, "POST", url, body=event_body())
             assert (
                 missing.status == 401
@@ -278,9 +302,13 @@ async def test_events_need_the_machines_own_token(tmp_path):
             )
             wrong = await fetch(where, "POST", url, headers=bearer("0" * 32), body=event_body())
             assert wrong.status == 401
-            someone_elses = machine_token(secret, "52:54:00:12:34:57")
+            someone_elses = await booted(where, "52:54:00:12:34:57")
             assert (
                 await fetch(where, "POST", url, headers=bearer(someone_elses), body=event_body())
+            ).status == 401
+            v1 = machine_token(secret, MAC, "")  # what a token without a boot would be
+            assert (
+                await fetch(where, "POST", url, headers=bearer(v1), body=event_body())
             ).status == 401
             bad = await fetch(
                 where, "POST", url, headers=bearer(token), body=b'{"stage":"x","status":"maybe"}'
@@ -306,8 +334,11 @@ async def test_events_need_the_machines_own_token(tmp_path):
                 "default",
             )
             assert [e["stage"] for e in machine["events"]] == ["started", "installed"]
-            listed = json.loads((await fetch(where, "GET", "/api/v1/machines")).body)["machines"]
-            assert [(m["mac"], m["events"], m["stage"]) for m in listed] == [(MAC, 2, "installed")]
+            listed = json.loads((await fetch(where, "GET", "/api/v1/machines")).body)
+            assert [(m["mac"], m["events"], m["stage"]) for m in listed["machines"]] == [
+                (MAC, 2, "installed")
+            ]
+            assert (listed["limit"], listed["next"]) == (100, None)
             unknown = json.loads(
                 (await fetch(where, "GET", "/api/v1/machines/52-54-00-00-00-01")).body
             )
@@ -321,7 +352,8 @@ async def test_events_need_the_machines_own_token(tmp_path):
 
             refusals = node.status()["httpboot"]["event_refusals"]
             assert refusals == {
-                "unauthorized": 3,
+                "unknown-machine": 1,
+                "unauthorized": 4,
                 "invalid": 1,
                 "too-large": 0,
                 "standby": 1,
@@ -331,7 +363,7 @@ async def test_events_need_the_machines_own_token(tmp_path):
             }
             metrics = (await fetch(where, "GET", "/metrics")).body.decode()
             assert 'rackboot_http_events_total{status="ok"} 1.0' in metrics
-            assert 'rackboot_http_event_refusals_total{reason="unauthorized"} 3.0' in metrics
+            assert 'rackboot_http_event_refusals_total{reason="unauthorized"} 4.0' in metrics
             assert 'rackboot_http_requests_total{method="POST",status="201"} 2.0' in metrics
             status = json.loads((await fetch(where, "GET", "/api/v1/status")).body)
             assert (
@@ -348,7 +380,7 @@ async def test_admin_routes_are_off_by_default_and_need_the_token(tmp_path):
             assert off.status == 403 and b"admin API disabled" in off.body
         async with running(tmp_path / "on", settings(admin_token=ADMIN)) as (node, listening):
             where = address(listening)
-            token = machine_token(rack_secret(node), MAC)
+            token = await booted(where)
             for _ in range(3):
                 await fetch(where, "POST", url, headers=bearer(token), body=event_body())
             assert (await fetch(where, "DELETE", url)).status == 401
@@ -380,16 +412,20 @@ async def test_events_and_the_secret_survive_a_restart_in_the_state_log(tmp_path
         assert sorted(p.name for p in (tmp_path / "data" / "httpboot").iterdir()) == ["root"]
         async with running(tmp_path, settings()) as (node, listening):
             where = address(listening)
-            again = (await fetch(where, "GET", "/boot/52-54-00-12-34-56.ipxe")).body
-            assert f"rackboot.token={token} ".encode() in again.replace(b"\n", b" ")
             machine = json.loads(
                 (await fetch(where, "GET", "/api/v1/machines/52-54-00-12-34-56")).body
             )
             assert [e["stage"] for e in machine["events"]] == ["partition", "install"]
+            # the boot and its token are in the state log too: good across the restart
             reply = await fetch(
                 where, "POST", url, headers=bearer(token), body=event_body("reboot")
             )
             assert json.loads(reply.body)["seq"] == 3
+            # the next boot has a new token; the last one's is refused from then on
+            again = await booted(where)
+            assert again != token
+            stale = await fetch(where, "POST", url, headers=bearer(token), body=event_body())
+            assert stale.status == 401
 
 
 async def test_a_secret_others_can_read_stops_the_service(tmp_path):
@@ -492,7 +528,7 @@ async def test_a_lease_lost_before_an_event_commits_gets_503_and_no_hook(tmp_pat
     with trio.fail_after(LIMIT):
         async with running(tmp_path, settings(), ext=extension) as (node, listening):
             where = address(listening)
-            token = machine_token(rack_secret(node), MAC)
+            token = await booted(where)
             local, node.state.policy = node.state.policy, Held()
             replies = []
 
@@ -530,7 +566,7 @@ async def test_a_node_without_the_secret_serves_no_script_and_takes_no_event(tmp
         return Request(method, path, b"", {b"authorization": b"Bearer " + b"0" * 32},
                        ("10.0.0.5", 1), ("10.0.0.1", 80), event_body(), params)  # fmt: skip
 
-    script = routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
+    script = await routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
     assert script.status == 503 and (b"retry-after", b"1") in script.headers
     event = await routes.post_event(request("POST", EVENTS_URL, mac=MAC))
     assert event.status == 503 and stats.event_refusals["no-secret"] == 1
@@ -540,10 +576,15 @@ async def test_a_node_without_the_secret_serves_no_script_and_takes_no_event(tmp
             await nursery.start(state.run)
             fence.grant(math.inf, 1)
             await Secret(state).ensure(None, "a")  # what the active writes; replicated here
+            # a new boot is the active's to record: a standby has no token to give yet
+            standby = await routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
+            assert standby.status == 503 and routes.machines.refusals[("script", "standby")] == 1
+            routes.is_active = lambda: True
+            script = await routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
             nursery.cancel_scope.cancel()
-    script = routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
     assert script.status == 200
-    assert f"rackboot.token={machine_token(Secret(state)(), MAC)}".encode() in script.body
+    nonce = state.get(MACHINES_NS, MAC)["nonce"]
+    assert f"rackboot.token={machine_token(Secret(state)(), MAC, nonce)}".encode() in script.body
 
 
 def plant_journal(path: Path, records: list) -> None:
@@ -567,14 +608,15 @@ async def test_an_earlier_releases_secret_and_journal_are_imported_once(tmp_path
         *(Event(MAC, seq, 1.0e9 + seq, f"s{seq}", "progress", "", "10.0.0.5") for seq in (1, 2, 3)),
         Event(other, 1, 1.0e9, "started", "started"), Cleared(other, 4),
     ])  # fmt: skip
-    token = machine_token(old, MAC)
     with trio.fail_after(LIMIT):
         async with running(tmp_path, settings(retain_events=2)) as (node, listening):
             where = address(listening)
             assert rack_secret(node) == old
             assert node.state.get(SECRET_NS, SECRET_KEY)["origin"] == "imported"
-            script = (await fetch(where, "GET", "/boot/52-54-00-12-34-56.ipxe")).body
-            assert f"rackboot.token={token}".encode() in script
+            # tokens are per boot now (an earlier release's were per MAC, for ever): a
+            # machine installing across the upgrade needs its next boot's
+            token = await booted(where)
+            assert token == machine_token(old, MAC, node.state.get(MACHINES_NS, MAC)["nonce"])
             report = node.status()["httpboot"]["journal"]
             assert (report["outcome"], report["records"], report["entries"]) == ("imported", 5, 3)
             machine = json.loads((await fetch(where, "GET", "/api/v1/machines/" + MAC)).body)
@@ -583,7 +625,7 @@ async def test_an_earlier_releases_secret_and_journal_are_imported_once(tmp_path
             reply = await fetch(where, "POST", EVENTS_URL, headers=bearer(token), body=event_body())
             assert json.loads(reply.body)["seq"] == 4
             cleared = f"/api/v1/machines/{other.replace(':', '-')}/events"
-            reply = await fetch(where, "POST", cleared, headers=bearer(machine_token(old, other)),
+            reply = await fetch(where, "POST", cleared, headers=bearer(await booted(where, other)),
                                 body=event_body())  # fmt: skip
             assert json.loads(reply.body)["seq"] == 5  # after the imported clearing
             await wait_until(lambda: node.state.get(EVENTS_NS, f"{MAC}/0000000002") is None,

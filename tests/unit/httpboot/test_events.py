@@ -308,3 +308,16 @@ def test_changes_and_a_reset_to_the_same_content_agree(ops):
     assert list(fed) == list(reset)
     for mac in fed:
         assert fed.events(mac) == reset.events(mac) and fed.last_seq(mac) == reset.last_seq(mac)
+
+
+def test_machines_come_in_pages_after_a_mac():
+    table = MachineEvents()
+    macs = [f"52:54:00:00:00:{n:02x}" for n in range(5)]
+    for mac in reversed(macs):
+        put(table, ev(1, mac))
+    put(table, Cleared("52:54:00:00:00:09", 2))  # a cleared machine is listed too
+    assert table.page(None, 2) == macs[:2]
+    assert table.page(macs[1], 2) == macs[2:4]
+    assert table.page(macs[3], 10) == [macs[4], "52:54:00:00:00:09"]
+    assert table.page("52:54:00:00:00:02", 1) == [macs[3]]  # a cursor need not be listed
+    assert table.page("ff:ff:ff:ff:ff:ff", 5) == []

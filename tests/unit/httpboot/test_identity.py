@@ -37,12 +37,15 @@ def test_url_form_is_dhcps_mac_placeholder():
     assert url_mac("52:54:00:12:34:56") == "52-54-00-12-34-56"
 
 
-def test_token_is_per_machine_and_per_secret():
-    token = machine_token(SECRET, "52:54:00:12:34:56")
+def test_token_is_per_machine_per_boot_and_per_secret():
+    token = machine_token(SECRET, "52:54:00:12:34:56", "n1")
     assert len(token) == 32 and int(token, 16) >= 0
-    assert token == machine_token(SECRET, "52:54:00:12:34:56")
-    assert token != machine_token(SECRET, "52:54:00:12:34:57")
-    assert token != machine_token(b"t" * 32, "52:54:00:12:34:56")
+    assert token == machine_token(SECRET, "52:54:00:12:34:56", "n1")
+    assert token != machine_token(SECRET, "52:54:00:12:34:57", "n1")
+    assert token != machine_token(SECRET, "52:54:00:12:34:56", "n2")  # the next boot
+    assert token != machine_token(b"t" * 32, "52:54:00:12:34:56", "n1")
+    # a boundary between MAC and nonce: no other pair makes the same message
+    assert machine_token(SECRET, "52:54:00:12:34:5", "6n1") != token
 
 
 @pytest.mark.parametrize(

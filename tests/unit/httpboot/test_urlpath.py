@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plugins.httpboot.urlpath import MAX_TARGET, BadTarget, Forbidden, split_target_untrusted
+from plugins.httpboot.urlpath import (
+    MAX_TARGET,
+    BadTarget,
+    Forbidden,
+    parse_query_untrusted,
+    split_target_untrusted,
+)
 
 DECODED = [
     (b"/boot/vmlinuz", "/boot/vmlinuz", b""),
@@ -73,3 +79,40 @@ def test_never_yields_a_parent_segment_or_a_separator_it_did_not_see(raw):
     assert ".." not in path.split("/")
     assert "\\" not in path and "\0" not in path
     assert path.count("/") == target.partition(b"?")[0].partition(b"#")[0].count(b"/")
+
+
+# -- an API route's query ---------------------------------------------------------------
+
+KNOWN = ("limit", "after")
+
+
+@pytest.mark.parametrize(
+    ("query", "parameters"),
+    [
+        (b"", {}),
+        (b"limit=10", {"limit": "10"}),
+        (b"limit=10&after=52:54:00:12:34:56", {"limit": "10", "after": "52:54:00:12:34:56"}),
+        (b"after=52-54-00-12-34-56", {"after": "52-54-00-12-34-56"}),
+        (b"limit=", {"limit": ""}),  # empty: the route says what it expects
+    ],
+)
+def test_query_parameters(query, parameters):
+    assert parse_query_untrusted(query, KNOWN) == parameters
+
+
+@pytest.mark.parametrize(
+    ("query", "rule"),
+    [
+        (b"limit=1&limit=2", "twice"),
+        (b"offset=3", "unknown parameter 'offset'"),
+        (b"limit", "name=value"),
+        (b"limit=%31", "name=value"),  # nothing an API needs is encoded: nothing is decoded
+        (b"limit=1&", "name=value"),
+        (b"limit=a b", "name=value"),
+        (b"limit=\xff", "name=value"),
+        (b"a=" + b"1" * 600, "too long"),
+    ],
+)
+def test_query_refusals(query, rule):
+    with pytest.raises(BadTarget, match=rule):
+        parse_query_untrusted(query, KNOWN)
