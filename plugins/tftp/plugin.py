@@ -146,7 +146,10 @@ def _check_root(config: Config) -> None:
     existing = root
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
-    if existing.is_dir():
+    try:
+        if existing.is_dir():
+            return
+    except PermissionError:  # a normal user checking root's file: cannot tell, start-up will
         return
     if existing.is_file():
         what = "a regular file"

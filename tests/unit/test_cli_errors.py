@@ -178,16 +178,18 @@ def test_ha_peers_without_a_cluster_identity(tmp_path):
 
 
 def test_a_normal_user_checking_roots_file_is_not_refused_for_what_it_cannot_see():
-    """The cluster identity lives in a data directory only root may read: a normal user's
-    `config check` cannot know, and must not claim it missing (nor crash on EACCES)."""
+    """The cluster identity and the TFTP root live where only root may look: a normal
+    user's `config check` cannot know, and must not claim them wrong (nor crash on EACCES)."""
     user = normal_user()
     with tempfile.TemporaryDirectory(prefix="rackboot-cli-") as top:
         home = Path(top)
         home.chmod(0o755)
-        config = config_file(home, HA_PEERS)
+        (home / "served").symlink_to(home / "data" / "tftp")
+        config = config_file(home, HA_PEERS + f'[tftp]\nport = 6970\nroot = "{home}/served"\n')
         config.write_text(config.read_text().replace('enabled = "off"', 'enabled = "auto"', 1))
         config.chmod(0o644)
         (home / "data" / "cluster").mkdir(parents=True, mode=0o700)
+        (home / "data" / "tftp").mkdir()
         (home / "data").chmod(0o700)
         if not user:
             (home / "data").chmod(0o000)  # this user owns it: take the permission away
