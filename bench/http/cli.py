@@ -3,7 +3,8 @@
 Scenarios (bench/README.md): ``download``: a 512 MiB file to 1 and to 16 concurrent
 curl clients (aggregate MiB/s); ``scripts``: small boot-script requests per second
 with wrk (16 connections, keep-alive): Rackboot renders the machine's iPXE script,
-nginx sends a static file of the same size. Both servers run at once in one
+nginx sends a static file of the same size; ``flood``: a 16 MiB file's and a
+script's request times, quiet and under one source's slowloris flood (flood.py). Both servers run at once in one
 namespace, pinned to the same vCPU, one process each (nginx ``worker_processes 1``,
 its access log on like Rackboot's); clients run in another namespace on the other
 vCPU. The repeats alternate the order. Every download's size is checked, and one
@@ -27,7 +28,9 @@ from pathlib import Path
 
 from bench import results_file
 from bench.dhcp.system import LowLatency, OtherCPU, cpu_model, missing_packages
+from bench.http import flood
 from bench.tftp.servers import apt
+from plugins.httpboot.plugin import SECTION
 from tests.support.netns import Host, Lab
 from tests.support.nodeproc import start_node
 
@@ -35,6 +38,9 @@ PACKAGES = ["nginx-light", "curl", "wrk", "util-linux"]
 PORTS = {"rackboot": 80, "nginx": 8080}
 MIB = 1 << 20
 MAC = "52-54-00-12-34-56"
+# Without DHCP here nothing binds a machine's script to its lease: any address may fetch it
+# (the setting exists once scripts are bound to leases; before, they were not).
+UNBOUND = "bind_tokens_to_lease = false\n" if "bind_tokens_to_lease" in SECTION.fields else ""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -42,8 +48,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size-mib", type=int, default=512, help="download size (512)")
     p.add_argument("--repeats", type=int, default=3, help="runs per server and scenario (3)")
     p.add_argument("--concurrency", default="1,16", help="download client counts (1,16)")
-    p.add_argument("--scenarios", default="download,scripts", help="which, in order")
+    p.add_argument("--scenarios", default="download,scripts,flood", help="which, in order")
     p.add_argument("--wrk-seconds", type=int, default=5, help="length of one wrk run (5)")
+    p.add_argument("--flood-connections", type=int, default=600,
+                   help="slowloris connections of the flood scenario (600)")  # fmt: skip
     p.add_argument("--server-cpu", default="0", help="taskset CPU list of both servers (0)")
     p.add_argument("--client-cpu", default="1", help="taskset CPU list of the clients (1)")
     p.add_argument("--lowlat", action=argparse.BooleanOptionalAction, default=True,
@@ -56,11 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def start_rackboot(srv: Host, root: Path, work: Path, cpu: str) -> subprocess.Popen:
     config = work / "rackboot.toml"
     config.write_text(
-        # Only httpboot: the other plugins' services would share its vCPU.
+        # Only httpboot: the other plugins' services would share its vCPU. Its shipped
+        # limits (max_connections 512, 32 per source): what the flood scenario meets.
         '[plugins]\ndisabled = ["dhcp", "tftp"]\n'
         f'[node]\nname = "bench"\ndata_dir = "{work / "data"}"\n'
         f'[httpboot]\naddresses = ["{srv.addr}"]\nport = {PORTS["rackboot"]}\nroot = "{root}"\n'
-        "max_connections = 4096\n"
+        f"{UNBOUND}"
     )
     return start_node(
         srv, config, work / "data" / "control.sock", work, "httpboot", prefix=("taskset", "-c", cpu)
@@ -158,11 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     with (root / "big.bin").open("wb") as f:
         for _ in range(args.size_mib):
             f.write(os.urandom(MIB))
+    (root / "vmlinuz").write_bytes(os.urandom(flood.FILE_MIB * MIB))
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     results: dict[str, dict] = {}
     try:
         with LowLatency(args.lowlat) as lowlat, Lab(prefix="rbh") as lab:
-            srv, cli = lab.add_host("srv"), lab.add_host("cli")
+            srv, cli, fld = lab.add_host("srv"), lab.add_host("cli"), lab.add_host("fld")
             start_rackboot(srv, root, work, args.server_cpu)
             script = cli.run(
                 ["curl", "-sS", "--fail", url(srv, "rackboot", f"/boot/{MAC}.ipxe")]
@@ -211,6 +221,13 @@ def main(argv: list[str] | None = None) -> int:
                             wrk(cli, targets[name][1], args.wrk_seconds, args.client_cpu)
                         )
                 results["scripts"] = report_rates(rates, len(script))
+            if "flood" in scenarios:
+                results["flood"] = flood.measure(
+                    cli, fld, srv.addr, PORTS,
+                    {"rackboot": (url(srv, "rackboot", "/boot/vmlinuz"), targets["rackboot"][1]),
+                     "nginx": (url(srv, "nginx", "/boot/vmlinuz"), targets["nginx"][1])},
+                    args.flood_connections, args.repeats, args.client_cpu,
+                )  # fmt: skip
             busy, hogs = others.stop()
             print(f"other processes meanwhile: {busy:.0f}% of a CPU {hogs or ''}")
     finally:

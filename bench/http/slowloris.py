@@ -4,7 +4,8 @@ Holds ``--connections`` TCP connections to an HTTP server, each sending a reques
 head that never ends, one byte per ``--interval`` seconds (a slowloris client).
 A connection the server closes (or answers: a 503, say) is opened again at the
 next tick, so the pressure stays. After ``--seconds`` (or SIGTERM) it closes
-everything and prints one JSON line of counts. Bounded in sockets, in rate (one
+everything and prints one JSON line of counts (after a line ``{"ready": N}``
+once every connection was tried). Bounded in sockets, in rate (one
 connect and one byte per connection per tick) and in time. Standard library
 only: it runs inside a lab namespace (the bench's, tests/real/test_http_flood.py).
 """
@@ -139,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         while not stopping and time.monotonic() < end:
             next_tick = time.monotonic() + args.interval
             flood.tick()
+            if flood.counts["opened"] + flood.counts["connect_failed"] == args.connections:
+                print(json.dumps({"ready": flood.counts["opened"]}), flush=True)  # first tick
             flood.wait(min(next_tick, end))
     finally:
         counts = {**flood.counts, "seconds": round(time.monotonic() - started, 1)}

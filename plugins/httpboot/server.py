@@ -2,8 +2,9 @@
 
 Admission (admission.py decides, this shell applies): a source holding
 ``max_per_source`` connections, or a full table with nobody to displace, gets a
-canned ``503`` with ``Retry-After`` and the connection is closed at once: no
-request is read, no task lingers. On a full table a newcomer may displace the
+canned ``503`` with ``Retry-After`` and the connection is closed in the accept
+loop itself: no task, nothing awaited, so a flood that reconnects as fast as it
+is refused costs one accept, one write, one read and one close per connection. On a full table a newcomer may displace the
 oldest waiting connection of the source holding the most: that connection's
 task is cancelled and its socket closed, without an answer (it had no request
 in, or was idle between requests).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -41,7 +43,7 @@ BUSY = (
     b"retry-after: 1\r\ncontent-length: 24\r\nconnection: close\r\n\r\n"
     b"503 Service Unavailable\n"
 )
-BUSY_SEND_SECONDS = 1.0
+REFUSE_DRAIN = 16 << 10  # bytes of a refused connection's request read before it is closed
 # A booting machine holds one connection at a time (iPXE, UEFI HTTP boot), an installer's
 # package manager a few (dnf 3 by default, at most 20; apt 1 per server). 32 leaves room
 # for those and for kept-alive leftovers, yet one source takes at most 1/16 of the default
@@ -73,6 +75,8 @@ class HttpServer:
         self.stats = stats
         self.admission = Admission(max_connections, min(max_per_source, max_connections))
         self._scopes: dict[int, trio.CancelScope] = {}  # admitted connection -> its task's scope
+        # admitted by the accept loop, until its task starts: (connection, scope, client)
+        self._admitted: dict[trio.SocketStream, tuple[int, trio.CancelScope, tuple[str, int]]] = {}
         self.access_log = access_log
         self.fence = fence  # node.fence: the VIP is answered on only under the lease
         self.bound: list[tuple[str, int]] = []
@@ -88,50 +92,86 @@ class HttpServer:
             raise
         self.bound = [_name(listener.socket.getsockname()) for listener in listeners]
         await trio.serve_listeners(
-            partial(_guarded, self._connection), listeners, task_status=task_status
+            partial(_guarded, self._connection),
+            [_Admitting(listener, self._admit) for listener in listeners],
+            task_status=task_status,
         )
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        client = _name(stream.socket.getpeername())
-        admission, stats = self.admission, self.stats
-        decision = admission.admit(client[0], trio.current_time())
+    def _admit(self, stream: trio.SocketStream) -> bool:
+        """Admission, in the accept loop: a refused connection costs no task (a flood
+        reconnects as fast as it is refused). Whether ``stream`` gets a task."""
+        try:
+            client = _name(stream.socket.getpeername())
+        except OSError:  # reset before we got to it: nothing to serve
+            stream.socket.close()
+            return False
+        decision = self.admission.admit(client[0], trio.current_time())
         if isinstance(decision, Refused):
-            stats.rejected[decision.reason] += 1
-            with trio.move_on_after(BUSY_SEND_SECONDS):
-                await stream.send_all(BUSY)
-            await stream.aclose()
-            return
-        conn = decision.conn
-        # Registered before the first checkpoint: no other task can pick it as a victim sooner.
-        self._scopes[conn] = scope = trio.CancelScope()
+            self.stats.rejected[decision.reason] += 1
+            _refuse(stream.socket)
+            return False
+        # The scope exists from now on: the connection may be displaced before its task runs.
+        self._scopes[decision.conn] = scope = trio.CancelScope()
         if decision.evict is not None:
             assert decision.evicted_phase is not None
-            stats.displaced[decision.evicted_phase] += 1
+            self.stats.displaced[decision.evicted_phase] += 1
             self._scopes.pop(decision.evict).cancel()  # its own task closes its socket
-        stats.active_connections = len(admission)
-        stats.connections += 1
-        if hasattr(trio.socket, "TCP_NOTSENT_LOWAT"):
-            # trio sets 16 KiB so that a writer wakes only when the socket has nearly
-            # drained; a file sent with sendfile then stalls between refills (0.64x nginx
-            # for one client). 0 gives back the system's default, as nginx has it.
-            with contextlib.suppress(OSError):
-                stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NOTSENT_LOWAT, 0)
+        self._admitted[stream] = (decision.conn, scope, client)
+        self.stats.active_connections = len(self.admission)
+        self.stats.connections += 1
+        return True
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        conn, scope, client = self._admitted.pop(stream)
         try:
             with scope:
+                if hasattr(trio.socket, "TCP_NOTSENT_LOWAT"):
+                    # trio sets 16 KiB so that a writer wakes only when the socket has nearly
+                    # drained; a file sent with sendfile then stalls between refills (0.64x
+                    # nginx for one client). 0 gives back the system's default, as nginx has.
+                    with contextlib.suppress(OSError):
+                        stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NOTSENT_LOWAT, 0)
                 local = _name(stream.socket.getsockname())
                 guard = None if self.fence is None else self.fence.guard_for(local[0])
                 connection = Connection(
-                    stream, self.router, self.limits, stats, client, local, self.access_log,
+                    stream, self.router, self.limits, self.stats, client, local, self.access_log,
                     guard, partial(self._phase, conn),
                 )  # fmt: skip
                 await connection.serve()
         finally:
             self._scopes.pop(conn, None)
-            admission.release(conn)
-            stats.active_connections = len(admission)  # (displaced: Connection.serve closed it)
+            self.admission.release(conn)
+            self.stats.active_connections = len(self.admission)
 
     def _phase(self, conn: int, phase: str) -> None:
         self.admission.mark(conn, phase, trio.current_time())
+
+
+class _Admitting(trio.abc.Listener[trio.SocketStream]):
+    """A listener whose ``accept`` returns only the connections ``admit`` keeps."""
+
+    def __init__(self, inner: trio.SocketListener, admit) -> None:
+        self.inner, self.admit = inner, admit
+
+    async def accept(self) -> trio.SocketStream:
+        while True:  # each accept is a checkpoint: a flood cannot starve the other tasks
+            stream = await self.inner.accept()
+            if self.admit(stream):
+                return stream
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _refuse(sock: trio.socket.SocketType) -> None:
+    """The canned 503, and close, without waiting: a new socket's send buffer is empty.
+    What the client sent already is read first: closing a socket with unread bytes
+    resets the connection, and the client may lose the 503 it had not read yet."""
+    fd = sock.fileno()
+    for io in (lambda: os.write(fd, BUSY), lambda: os.read(fd, REFUSE_DRAIN)):
+        with contextlib.suppress(OSError):
+            io()
+    sock.close()
 
 
 async def _guarded(handler, stream: trio.SocketStream) -> None:
