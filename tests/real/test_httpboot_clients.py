@@ -1,13 +1,17 @@
 """Real HTTP clients from Debian against a Rackboot node in a namespace lab.
 
-One lab for the module: the node (``python -m appliance run``, port 80) and, for the
-symlink comparison, nginx (Debian's defaults: ``disable_symlinks off``) in namespace
-``srv``; curl, wget and busybox wget in ``cli``. Every client run has a timeout; the
-lab stops the node and nginx (by PID) at the end.
+One lab for the module: the node (``python -m appliance run``, port 80, DHCP on its
+interface) and, for the symlink comparison, nginx (Debian's defaults:
+``disable_symlinks off``) in namespace ``srv``; curl, wget and busybox wget in ``cli``
+(a fixed address, no lease); the installer's requests from ``mach``, a machine that
+takes its address with udhcpc: only its leased address gets its script and token, and
+posts its events (``bind_tokens_to_lease``, the configured default). Every client run
+has a timeout; the lab stops the node, nginx and udhcpc (by PID) at the end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.dhcplab import Udhcpc
 from tests.support.netns import Host, Lab
 from tests.support.nodeproc import start_node
 
@@ -26,7 +31,7 @@ CLIENT_TIMEOUT = 60.0
 NGINX_PORT = 8081
 BIG = 48 << 20
 SECRET = b"SECRET-OUTSIDE-THE-ROOT\n"
-MAC = "52-54-00-77-00-10"
+MAC = "52-54-00-77-00-10"  # the machine's, in its URLs
 
 
 @dataclass
@@ -36,12 +41,13 @@ class Served:
     root: Path
     work: Path
     nginx: bool
+    machine: Host  # holds the DHCP lease of MAC (udhcpc)
 
     def url(self, path: str, port: int = 80) -> str:
         return f"http://{self.srv.addr}{'' if port == 80 else f':{port}'}{path}"
 
-    def curl(self, *args: str) -> subprocess.CompletedProcess:
-        return self.cli.run(["curl", "-sS", *args], timeout=CLIENT_TIMEOUT)
+    def curl(self, *args: str, host: Host | None = None) -> subprocess.CompletedProcess:
+        return (host or self.cli).run(["curl", "-sS", *args], timeout=CLIENT_TIMEOUT)
 
 
 def _start_nginx(srv: Host, root: Path, work: Path) -> bool:
@@ -74,7 +80,7 @@ def _start_nginx(srv: Host, root: Path, work: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def served(netns_available: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    missing = [c for c in ("curl", "wget", "busybox") if not shutil.which(c)]
+    missing = [c for c in ("curl", "wget", "busybox", "udhcpc") if not shutil.which(c)]
     if missing:
         pytest.skip(f"HTTP clients not installed: {', '.join(missing)} (tests/debian-packages.txt)")
     work = tmp_path_factory.mktemp("http")
@@ -90,16 +96,22 @@ def served(netns_available: None, tmp_path_factory: pytest.TempPathFactory) -> I
         srv, cli = lab.add_host("srv"), lab.add_host("cli")
         data = work / "data"
         config = work / "rackboot.toml"
+        pool = f"{lab.network.network_address + 100}-{lab.network.network_address + 120}"
         config.write_text(
             f'[node]\nname = "http-lab"\ndata_dir = "{data}"\n'
-            '[plugins]\ndisabled = ["dhcp", "tftp"]\n'
+            '[plugins]\ndisabled = ["tftp"]\n'
+            f'[dhcp]\ninterfaces = ["{srv.ifname}"]\n'
+            f'[[dhcp.subnets]]\nnetwork = "{lab.network}"\npools = ["{pool}"]\n'
             f'[httpboot]\naddresses = ["{srv.addr}"]\nroot = "{root}"\n'
             '[[httpboot.profiles]]\nname = "default"\nkernel = "vmlinuz"\n'
             'initrd = ["initrd.img"]\ncmdline = "console=ttyS0"\n'
         )
         start_node(srv, config, data / "control.sock", work, "httpboot")
         nginx = _start_nginx(srv, root, work)
-        yield Served(srv, cli, root, work, nginx)
+        machine = lab.add_host("mach", bare=True, mac=MAC.replace("-", ":"))
+        leased = Udhcpc(machine, work / "udhcpc").start().wait("bound")
+        machine = dataclasses.replace(machine, addr=leased["ip"])
+        yield Served(srv, cli, root, work, nginx, machine)
 
 
 def test_curl_and_wget_download_byte_identical(served: Served):
@@ -153,14 +165,15 @@ def test_head_conditional_get_and_keep_alive(served: Served):
 
 
 def test_the_documented_installer_requests_record_events(served: Served):
-    script = served.curl("--fail", served.url(f"/boot/{MAC}.ipxe")).stdout
+    machine = served.machine
+    script = served.curl("--fail", served.url(f"/boot/{MAC}.ipxe"), host=machine).stdout
     params = dict(arg.split("=", 1) for arg in script.split() if arg.startswith("rackboot."))
     events, token = params["rackboot.events"], params["rackboot.token"]
     assert events == served.url(f"/api/v1/machines/{MAC}/events")
     by_curl = served.curl("-fsS", "-H", f"Authorization: Bearer {token}", "-H", "Content-Type: application/json",
-                          "--data", '{"stage":"partitioned","status":"ok"}', events)  # fmt: skip
+                          "--data", '{"stage":"partitioned","status":"ok"}', events, host=machine)  # fmt: skip
     assert by_curl.returncode == 0, by_curl.stderr
-    by_busybox = served.cli.run(
+    by_busybox = machine.run(
         ["busybox", "wget", "-q", "-O", "-", "--header", f"Authorization: Bearer {token}",
          "--header", "Content-Type: application/json",
          "--post-data", '{"stage":"installed","status":"ok","message":"disk written"}', events],
@@ -168,8 +181,19 @@ def test_the_documented_installer_requests_record_events(served: Served):
     )  # fmt: skip
     assert by_busybox.returncode == 0, by_busybox.stderr
     assert json.loads(by_busybox.stdout)["seq"] == 2
-    refused = served.curl("-o", "/dev/null", "-w", "%{http_code}", "--data", "{}", events)
+    refused = served.curl("-o", "/dev/null", "-w", "%{http_code}", "--data", "{}", events,
+                          host=machine)  # fmt: skip
     assert refused.stdout == "401"
+    # the same token from an address that holds no lease of the machine: 403, its script too
+    elsewhere = served.curl("-o", "/dev/null", "-w", "%{http_code}", "-H",
+                            f"Authorization: Bearer {token}", "--data", "{}", events)  # fmt: skip
+    assert elsewhere.stdout == "403"
+    stranger = served.curl("-w", "\n%{http_code}", served.url(f"/boot/{MAC}.ipxe"))
+    assert stranger.stdout.endswith("\n403") and token not in stranger.stdout
+    made_up = served.curl("-o", "/dev/null", "-w", "%{http_code}", "-H",
+                          f"Authorization: Bearer {token}", "--data", "{}",
+                          served.url("/api/v1/machines/52-54-00-99-99-99/events"))  # fmt: skip
+    assert made_up.stdout == "404"
     machine = json.loads(served.curl("--fail", served.url(f"/api/v1/machines/{MAC}")).stdout)
     assert (machine["stage"], [e["stage"] for e in machine["events"]]) == (
         "installed", ["partitioned", "installed"],
