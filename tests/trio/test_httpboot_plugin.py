@@ -132,6 +132,12 @@ def test_development_and_production_defaults(tmp_path):
         ("0.0.0.0",), 80, "/srv/rackboot/http",
     )  # fmt: skip
     assert prod.admin_token == "" and prod.default_profile == "default"
+    # tokens bound to the machine's lease, status for the admin token only; the dev node
+    # (no DHCP, loopback only) serves any MAC's script and its status to local callers
+    assert (prod.bind_tokens_to_lease, tuple(prod.status_networks)) == (True, ())
+    assert (dev.bind_tokens_to_lease, tuple(map(str, dev.status_networks))) == (
+        False, ("127.0.0.0/8",),
+    )  # fmt: skip
     assert [p.name for p in prod.profiles] == ["default"]
 
 
