@@ -204,7 +204,7 @@ class Node:
                 raise
             except Exception as exc:
                 self.service_state[svc.name] = "failed"
-                raise self._start_failure(svc, exc) from exc
+                raise self._start_failure(svc, exc)  # noqa: B904 (its cause is set)
             log.info("service ready", service=svc.name)
 
     def _start_failure(self, svc: Service, exc: Exception) -> RackbootError:
@@ -216,10 +216,12 @@ class Node:
             if isinstance(leaf, RackbootError):
                 return leaf
         listening = [entry for entry in self.config.listening if entry.owner == svc.plugin]
-        reasons = dict.fromkeys(_describe_leaf(leaf, listening) for leaf in leaves)
-        return PluginError(
+        reasons = dict.fromkeys(_describe_leaf(leaf, listening) for leaf in leaves or [exc])
+        error = PluginError(
             f"plugin {svc.plugin!r}: service {svc.name!r} failed to start: {'; '.join(reasons)}"
         )
+        error.__cause__ = exc  # a leaf raised as it is keeps its own cause
+        return error
 
     async def _run_service(self, svc: Service, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         started = False
