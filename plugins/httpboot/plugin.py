@@ -1,8 +1,9 @@
 """The ``httpboot`` plugin: the ``[httpboot]`` section, hooks, the ``httpboot.server`` service, status.
 
-Roles: scripts and files are served on every node at its own addresses (they
-are a pure function of the configuration and the rack's token secret, like TFTP's
-files), at the rack's VIP only while it holds the lease; events are recorded
+Roles: files are served on every node at its own addresses (like TFTP's), at the
+rack's VIP only while it holds the lease; so are scripts of a machine's current
+boot (the configuration, the rack's token secret and the boot's record in the state
+log), while a new boot is recorded by the active node only; events are recorded
 only by the active node, in the replicated state log, a standby answers 503 with
 ``Retry-After`` so the installer tries again and reaches the active one. Every
 node shows every committed event. See docs/httpboot.md.

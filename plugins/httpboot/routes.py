@@ -40,6 +40,7 @@ from .urlpath import BadTarget, parse_query_untrusted
 log = get_logger("httpboot")
 
 CHALLENGE = (b"www-authenticate", b'Bearer realm="rackboot"')
+_NOT_ITS_ADDRESS = "only the address of this machine's DHCP lease or reservation may ask"
 PAGE_DEFAULT, PAGE_MAX = 100, 1000  # machines per page of GET /api/v1/machines
 
 
@@ -180,19 +181,14 @@ class BuiltinRoutes:
         """403 to an address that does not speak for a machine Rackboot knows, 404 for a
         machine it does not know (no boot, no reservation, not configured)."""
         if self.machines.known(mac):
-            reason, refusal = (
-                "wrong-source",
-                Response.error(
-                    403, "only the address of this machine's DHCP lease or reservation may ask"
-                ),
-            )
+            reason, status, detail = "wrong-source", 403, _NOT_ITS_ADDRESS
         else:
-            reason, refusal = "unknown-machine", Response.error(404, "no such machine here")
+            reason, status, detail = "unknown-machine", 404, "no such machine here"
         if route == "events":
             self.stats.event_refusals[reason] += 1
         else:
             self.machines.refused(route, reason)
-        return refusal
+        return Response.error(status, detail)
 
     async def post_event(self, request: Request) -> Response:
         mac = self._machine_or_none(request)
