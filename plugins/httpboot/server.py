@@ -18,6 +18,7 @@ whatever its role.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import os
 from functools import partial
@@ -43,6 +44,16 @@ BUSY = (
     b"retry-after: 1\r\ncontent-length: 24\r\nconnection: close\r\n\r\n"
     b"503 Service Unavailable\n"
 )
+# A connection reset or refused on its way in: nothing to serve (as trio's listener has it).
+# fmt: off
+_IGNORABLE_ACCEPT_ERRNOS = {
+    getattr(errno, name)
+    for name in ("EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN",
+                 "ENONET", "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH", "ENOSR",
+                 "ESOCKTNOSUPPORT", "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET")
+    if hasattr(errno, name)
+}
+# fmt: on
 REFUSE_DRAIN = 16 << 10  # bytes of a refused connection's request read before it is closed
 # A booting machine holds one connection at a time (iPXE, UEFI HTTP boot), an installer's
 # package manager a few (dnf 3 by default, at most 20; apt 1 per server). 32 leaves room
@@ -76,7 +87,9 @@ class HttpServer:
         self.admission = Admission(max_connections, min(max_per_source, max_connections))
         self._scopes: dict[int, trio.CancelScope] = {}  # admitted connection -> its task's scope
         # admitted by the accept loop, until its task starts: (connection, scope, client)
-        self._admitted: dict[trio.SocketStream, tuple[int, trio.CancelScope, tuple[str, int]]] = {}
+        self._admitted: dict[
+            trio.socket.SocketType, tuple[int, trio.CancelScope, tuple[str, int]]
+        ] = {}
         self.access_log = access_log
         self.fence = fence  # node.fence: the VIP is answered on only under the lease
         self.bound: list[tuple[str, int]] = []
@@ -97,18 +110,15 @@ class HttpServer:
             task_status=task_status,
         )
 
-    def _admit(self, stream: trio.SocketStream) -> bool:
-        """Admission, in the accept loop: a refused connection costs no task (a flood
-        reconnects as fast as it is refused). Whether ``stream`` gets a task."""
-        try:
-            client = _name(stream.socket.getpeername())
-        except OSError:  # reset before we got to it: nothing to serve
-            stream.socket.close()
-            return False
+    def _admit(self, sock: trio.socket.SocketType, peer: tuple) -> bool:
+        """Admission, in the accept loop: a refused connection costs no task, no stream,
+        no system call but its own four (a flood reconnects as fast as it is refused).
+        Whether ``sock`` gets a stream and a task."""
+        client = _name(peer)
         decision = self.admission.admit(client[0], trio.current_time())
         if isinstance(decision, Refused):
             self.stats.rejected[decision.reason] += 1
-            _refuse(stream.socket)
+            _refuse(sock)
             return False
         # The scope exists from now on: the connection may be displaced before its task runs.
         self._scopes[decision.conn] = scope = trio.CancelScope()
@@ -116,13 +126,13 @@ class HttpServer:
             assert decision.evicted_phase is not None
             self.stats.displaced[decision.evicted_phase] += 1
             self._scopes.pop(decision.evict).cancel()  # its own task closes its socket
-        self._admitted[stream] = (decision.conn, scope, client)
+        self._admitted[sock] = (decision.conn, scope, client)
         self.stats.active_connections = len(self.admission)
         self.stats.connections += 1
         return True
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        conn, scope, client = self._admitted.pop(stream)
+        conn, scope, client = self._admitted.pop(stream.socket)
         try:
             with scope:
                 if hasattr(trio.socket, "TCP_NOTSENT_LOWAT"):
@@ -148,16 +158,24 @@ class HttpServer:
 
 
 class _Admitting(trio.abc.Listener[trio.SocketStream]):
-    """A listener whose ``accept`` returns only the connections ``admit`` keeps."""
+    """A listener whose ``accept`` returns only the connections ``admit`` keeps (trio's
+    SocketListener.accept, with the peer's address it drops and no stream for a refusal)."""
 
     def __init__(self, inner: trio.SocketListener, admit) -> None:
         self.inner, self.admit = inner, admit
 
     async def accept(self) -> trio.SocketStream:
         while True:  # each accept is a checkpoint: a flood cannot starve the other tasks
-            stream = await self.inner.accept()
-            if self.admit(stream):
-                return stream
+            try:
+                sock, peer = await self.inner.socket.accept()
+            except OSError as exc:
+                if exc.errno == errno.EBADF:
+                    raise trio.ClosedResourceError from None
+                if exc.errno in _IGNORABLE_ACCEPT_ERRNOS:
+                    continue
+                raise  # EMFILE and the like: serve_listeners waits and retries
+            if self.admit(sock, peer):
+                return trio.SocketStream(sock)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
