@@ -214,9 +214,9 @@ def resolve_listeners(sections: list[Section], settings: dict[str, Settings]) ->
         values = settings.get(section.name)
         for listener in section.listeners if values is not None else ():
             port = values[listener.port]
-            if (listener.enabled and not values[listener.enabled]) or port == 0:
+            if (listener.enabled and values[listener.enabled] in (False, "off")) or port == 0:
                 continue
-            addresses = values[listener.addresses]
+            addresses = values[listener.addresses] if listener.addresses else WILDCARD
             for address in addresses if isinstance(addresses, list | tuple) else [addresses]:
                 found.append(
                     Listening(

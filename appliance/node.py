@@ -14,10 +14,12 @@ import errno
 import faulthandler
 import fcntl
 import io
+import logging
 import os
 import signal
 import socket
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +213,9 @@ class Node:
         """One line for a service that failed before it was ready: the leaves of the
         exception groups its nurseries wrapped them in, each an address and port or a
         file and the reason; a RackbootError inside keeps its own message and exit code."""
+        if log.isEnabledFor(logging.DEBUG):  # where it failed, for --log-level debug
+            trace = "".join(traceback.format_exception(exc))
+            log.debug("service failed to start", service=svc.name, traceback=trace)
         leaves = _leaves(exc)
         for leaf in leaves:
             if isinstance(leaf, RackbootError):

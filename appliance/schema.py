@@ -222,8 +222,10 @@ class Listener:
 
     protocol: str  # "udp" or "tcp": the two never clash with each other
     port: str  # the key of the port (0: an ephemeral port, never a clash)
-    addresses: str  # the key of an address or a list of them ('0.0.0.0': every address)
-    enabled: str = ""  # the key of a bool that turns the service off, if there is one
+    # The key of an address or a list of them ('0.0.0.0': every address); "" for a
+    # service that always binds every address (per interface, say).
+    addresses: str = ""
+    enabled: str = ""  # the key that turns the service off (false or 'off'), if any
 
 
 @dataclass(frozen=True)

@@ -236,6 +236,11 @@ OTHER = Section(
     fields={"listen": Field(IPv4Address(), default="0.0.0.0"), "port": Field(Int(), default=67)},
     listeners=(Listener("udp", port="port", addresses="listen"),),
 )
+EVERYWHERE = Section(  # binds every address, unless turned 'off'
+    "everywhere",
+    fields={"mode": Field(Choice("on", "off"), default="on"), "port": Field(Int(), default=53)},
+    listeners=(Listener("tcp", port="port", enabled="mode"),),
+)
 
 
 @pytest.mark.parametrize(
@@ -248,10 +253,12 @@ OTHER = Section(
         ({"other": {"port": 69}, "svc": {"on": False}}, None),  # a service turned off
         ({"other": {"port": 0}, "svc": {"port": 0}}, None),  # ephemeral ports
         ({"svc": {"addresses": ["127.0.0.1", "127.0.0.1"]}}, "svc.addresses: expected addresses"),
+        ({"everywhere": {"port": 80}}, "everywhere.port: expected a TCP port"),
+        ({"everywhere": {"port": 80, "mode": "off"}}, None),
     ],
 )
 def test_two_listeners_on_one_address_and_port(document, refused):
-    sections = [OTHER, LISTENING]
+    sections = [OTHER, LISTENING, EVERYWHERE]
     if refused is None:
         config = validate("f", document, sections, dev=False)
         assert all(entry.port != 0 for entry in config.listening)
