@@ -48,11 +48,12 @@ def start_flood(fld: Host, addr: str, port: int, connections: int, cpu: str) -> 
          "--connections", str(connections), "--seconds", "300"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
     )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
     ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT)
-    line = proc.stdout.readline() if ready else b""  # type: ignore[union-attr]
+    line = proc.stdout.readline() if ready else b""
     if b"ready" not in line:
         proc.kill()
-        raise RuntimeError(f"the flood did not start: {proc.stderr.read().decode()[-500:]}")  # type: ignore[union-attr]
+        raise RuntimeError(f"the flood did not start: {proc.stderr.read().decode()[-500:]}")
     time.sleep(1.0)  # one more tick: the server has seen every connection
     return proc
 
