@@ -157,7 +157,7 @@ class Proposer(LeaseTimes):
     def get_timer(self) -> float | None:
         times = self._step_down_times()
         if self.round is not None:
-            times.append(self.round.start + self.timing.round_timeout)
+            times.append(self._round_end(self.round))
         elif self._may_run():
             times.append(max(self.next_round, self.holdoff_until))
         return min(times) if times else None
@@ -216,7 +216,7 @@ class Proposer(LeaseTimes):
     def handle_timer(self, now: float) -> None:
         if self.valid_until is not None and now >= self.valid_until - self.timing.step_down_lead:
             self._lose(now, "expired")
-        if self.round is not None and now >= self.round.start + self.timing.round_timeout:
+        if self.round is not None and now >= self._round_end(self.round):
             # a holder retries at once (below); a candidate nobody answers is in no hurry
             rnd = self.round
             retry = self._retry_after(rnd, now) if rnd.doomed else self.timing.renew
@@ -408,6 +408,17 @@ class Proposer(LeaseTimes):
         if rnd.phase == 1 and len(rnd.promises) >= self.quorum:
             return "amnesic"  # a majority answered, but not a majority that remembers epochs
         return f"timeout in phase {rnd.phase}" + (f" ({self._reason(rnd)})" if rnd.refused else "")
+
+    def _round_end(self, rnd: Round) -> float:
+        """A round ends at its timeout; a doomed one also once a majority of the acceptors
+        that refused it as busy will be free (retrying then may succeed; an answer still
+        missing, say from the dead holder's own acceptor, could only make that sooner).
+        It waited for its timeout: when the grants it was told of ran out first, that was
+        up to ``round_timeout`` added to a failover."""
+        end = rnd.start + self.timing.round_timeout
+        if rnd.doomed and len(rnd.free_at) >= self.quorum:
+            end = min(end, sorted(rnd.free_at.values())[self.quorum - 1])
+        return end
 
     def _retry_after(self, rnd: Round, now: float) -> float:
         """Seconds until a majority's grants (or restart waits) will have run out."""

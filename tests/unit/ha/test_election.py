@@ -308,6 +308,20 @@ def test_refusals_that_leave_no_majority_end_the_round_and_wait_for_the_grants()
     assert 0.6 <= proposer.next_round <= 0.6 + 0.011
 
 
+def test_a_doomed_round_ends_once_the_grants_it_was_told_of_run_out():
+    """After a kill the dead holder's acceptor never answers: a round told busy by the two
+    others for a few more ms ended at its timeout, adding up to renew to the failover."""
+    proposer = a_proposer()
+    proposer.handle_timer(0.0)
+    req = proposer.outbox[0][1].req
+    proposer.receive("a", promise(req, ok=False, why="busy", left=0.02), 0.0)
+    proposer.receive("w", promise(req, ok=False, why="busy", left=0.03), 0.001)
+    assert proposer.round is not None and proposer.get_timer() == pytest.approx(0.031)
+    proposer.handle_timer(0.031)
+    assert proposer.round is None and proposer.last_refusal == "busy"
+    assert 0.031 <= proposer.next_round <= 0.031 + 0.011
+
+
 def test_the_retry_waits_for_every_answer_of_the_round():
     """The first two refusals alone said 4.96 s; with the third answer 0.6 s will do."""
     proposer = a_proposer()
