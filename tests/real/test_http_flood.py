@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-from plugins.httpboot.plugin import SECTION
 from tests.support.netns import Host, Lab
 from tests.support.nodeproc import start_node
 
@@ -28,9 +27,8 @@ FILE_BYTES = 16 << 20
 SLOW_RATE = 1 << 20  # bytes/s: the slow download takes 12 s, past request_timeout (10 s)
 SLOW_BYTES = 12 << 20
 MAC = "52-54-00-77-00-20"
-# No DHCP here, so no lease to bind a machine's script to its address: any address may
-# fetch it (the setting exists once scripts are bound to leases; before, they were not).
-UNBOUND = "bind_tokens_to_lease = false\n" if "bind_tokens_to_lease" in SECTION.fields else ""
+# No DHCP here, so no lease binds a machine's script to its address: any may fetch it.
+UNBOUND = "bind_tokens_to_lease = false\n"
 
 
 def status(srv: Host, sock: Path) -> dict:
