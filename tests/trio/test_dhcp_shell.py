@@ -34,6 +34,7 @@ class FakeSocket:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, tuple[str, int]]] = []
         self.sources: list[list] = []
+        self.deaf = False
 
     def sendto(self, payload: bytes, address: tuple[str, int]) -> int:
         self.sent.append((payload, address))
@@ -46,6 +47,13 @@ class FakeSocket:
 
     def fileno(self) -> int:
         return -1
+
+    def setsockopt(self, level: int, option: int, value) -> None:
+        """Only the socket filter of a deaf standby (netio.set_deaf) is asked for here."""
+        from plugins.dhcp.netio import SO_ATTACH_FILTER, SO_DETACH_FILTER
+
+        assert level == socket.SOL_SOCKET and option in (SO_ATTACH_FILTER, SO_DETACH_FILTER)
+        self.deaf = option == SO_ATTACH_FILTER
 
 
 def make_service(tmp_path, **server_config) -> tuple[DhcpService, FakeSocket, CollectorRegistry]:

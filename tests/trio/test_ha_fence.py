@@ -28,6 +28,7 @@ from plugins.dhcp.service import DhcpService
 from plugins.dhcp.store import LeaseStore
 from plugins.httpboot.connection import Connection, Limits
 from plugins.httpboot.identity import machine_token
+from plugins.httpboot.machines import MACHINES_NS, Boot, Machines
 from plugins.httpboot.messages import Response, Route
 from plugins.httpboot.router import Router
 from plugins.httpboot.routes import BootPolicy, BuiltinRoutes
@@ -329,7 +330,9 @@ async def test_transfers_from_the_nodes_own_address_ignore_the_fence(tmp_path):
 
 EVENTS = "/api/v1/machines/52-54-00-12-34-56/events"
 SECRET = b"s" * 32
-TOKEN = [("authorization", f"Bearer {machine_token(SECRET, '52:54:00:12:34:56')}")]
+# the machine's boot, as its script recorded it (the token is made with its nonce)
+BOOT = Boot("52:54:00:12:34:56", "0" * 32, "10.0.0.5", None, 0.0)
+TOKEN = [("authorization", f"Bearer {machine_token(SECRET, BOOT.mac, BOOT.nonce)}")]
 BODY = json.dumps({"stage": "installed", "status": "ok"}).encode()
 
 
@@ -354,6 +357,7 @@ def events_api(tmp_path: Path, fence: Fence, stats: HttpStats, announced: list):
         public_url="", admin_token="", max_event_bytes=4096, is_active=lambda: True,
         status=dict, metrics=CollectorRegistry(), script_hook=lambda **kw: None,
         event_hook=lambda event: announced.append(event),
+        machines=Machines(state, reservations={BOOT.mac: BOOT.address}),  # the client's address
     )  # fmt: skip
     return state, store, Router(routes.api())
 
@@ -384,6 +388,10 @@ async def test_an_event_not_committed_when_the_fence_closed_is_not_acknowledged(
         await nursery.start(state.run)
         await nursery.start(store.follow)
         nursery.start_soon(connection.serve)
+        state.append(MACHINES_NS, BOOT.mac, BOOT.value())  # committed before the installer posts
+        await durable_not_committed()
+        state.policy.limit = state.durable
+        state.advance()
         for lose_the_lease in (False, True):
             nursery.start_soon(post)
             await durable_not_committed()  # on disk, the standby's acknowledgement awaited
@@ -395,7 +403,7 @@ async def test_an_event_not_committed_when_the_fence_closed_is_not_acknowledged(
             await trio.testing.wait_all_tasks_blocked()
         nursery.start_soon(post)  # the node still believes it is active: the fence says no
         await trio.testing.wait_all_tasks_blocked()
-        assert not state.uncommitted and state.last() == 2  # nothing appended
+        assert not state.uncommitted and state.last() == 3  # the boot, two events: nothing more
         nursery.cancel_scope.cancel()
     assert [reply.status for reply in replies] == [201, 503, 503]
     assert [event.seq for event in announced] == [1]
