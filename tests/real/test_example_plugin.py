@@ -241,7 +241,7 @@ def cli_env(tmp_path: Path, *sites: Path) -> dict[str, str]:
         [*(str(site) for site in sites), *filter(None, [os.environ.get("PYTHONPATH")])]
     )
     env["XDG_DATA_HOME"] = str(tmp_path / "xdg")  # development data dir: never the user's
-    env["RACKBOOT_CONFIG"] = str(tmp_path / "no-such-config.toml")  # never /etc/rackboot
+    env.pop("RACKBOOT_CONFIG", None)  # naming a missing file is an error now
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
@@ -420,16 +420,23 @@ def test_broken_plugin_is_named_and_can_be_disabled(
     env = cli_env(tmp_path, hello_site, broken_site)
     reason = "RuntimeError: rackboot_broken is broken on purpose"
 
-    for args in (("plugins", "list"), ("run", "--dev")):
-        failed = rackboot(env, *args)
-        assert failed.returncode == EXIT_PLUGIN, (args, failed.stdout, failed.stderr)
-        assert failed.stdout == ""
-        error_lines = [line for line in failed.stderr.splitlines() if "error" in line]
-        assert error_lines[-1] == (
-            "rackboot: error: plugin 'broken' failed to import: entry point 'broken' "
-            f"(rackboot_broken) from distribution 'rackboot-broken': {reason}"
-        ), failed.stderr
-        assert "Traceback" not in failed.stderr
+    error = (
+        "plugin 'broken' failed to import: entry point 'broken' "
+        f"(rackboot_broken) from distribution 'rackboot-broken': {reason}"
+    )
+    # The operator can still list the plugins to find the broken one ...
+    listed = rackboot(env, "plugins", "list")
+    assert listed.returncode == EXIT_OK, (listed.stdout, listed.stderr)
+    assert "BROKEN, not loaded" in listed.stdout and reason in listed.stdout, listed.stdout
+    # ... but no node runs with it, and the refusal says how to leave it out.
+    failed = rackboot(env, "run", "--dev")
+    assert failed.returncode == EXIT_PLUGIN, (failed.stdout, failed.stderr)
+    assert failed.stdout == ""
+    error_lines = [line for line in failed.stderr.splitlines() if "error" in line]
+    assert error and error in error_lines[-1] and "--disable-plugin broken" in error_lines[-1], (
+        failed.stderr
+    )
+    assert "Traceback" not in failed.stderr
     assert not (tmp_path / "xdg").exists()  # the node never started
 
     listed = rackboot(env, "plugins", "list", "--disable-plugin", "broken")

@@ -116,7 +116,8 @@ async def test_services_start_in_order_then_node_serves_and_stops(tmp_path, auto
     [
         (
             "before-ready",
-            "plugin 'rec': service 'rec.a' failed to start: OSError: [Errno 98] Address already in use",
+            "plugin 'rec': service 'rec.a' failed to start: address already in use"
+            " (EADDRINUSE: another program or service has it)",
         ),
         ("no-ready", "plugin 'rec': service 'rec.a' returned without becoming ready"),
     ],
