@@ -2,7 +2,10 @@
 
 Scenarios (bench/README.md): ``single`` (atftp, blksize 1468, lock-step) Rackboot
 vs tftpd-hpa; ``window`` (atftp, blksize 1468, windowsize 16) Rackboot vs atftpd;
-``concurrent`` (N curl clients at once, blksize 1468) Rackboot vs tftpd-hpa. All
+``concurrent`` (N curl clients at once, each from its own address, blksize 1468)
+Rackboot vs tftpd-hpa; ``flood`` (``single``'s download started once another host
+sent 500 never-acknowledged RRQs from 500 ports in 2 s: bench/tftp/flood.py)
+Rackboot vs tftpd-hpa. All
 servers run at once in one namespace, pinned to one vCPU, each on its own port;
 the transfers of one repeat alternate between them (the order flips every repeat)
 so drifting background load hits both alike. Every download is checked.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import statistics
@@ -25,13 +29,25 @@ from pathlib import Path
 from bench import results_file
 from bench.dhcp.cli import wait_until_quiet
 from bench.dhcp.system import LowLatency, OtherCPU, cpu_model, cpuidle_driver, missing_packages
-from bench.tftp.servers import CLIENT_PACKAGES, PORTS, Server, apt, atftpd_binary, client_argv
+from bench.tftp.servers import (
+    CLIENT_PACKAGES,
+    PORTS,
+    Server,
+    add_client_addresses,
+    apt,
+    atftpd_binary,
+    client_argv,
+)
 
 SCENARIOS = {  # name: (client, windowsize, peer)
     "single": ("atftp", 1, "tftpd-hpa"),
     "window": ("atftp", 16, "atftpd"),
     "concurrent": ("curl", 1, "tftpd-hpa"),
+    "flood": ("atftp", 1, "tftpd-hpa"),
 }
+FLOOD = ["--count", "500", "--seconds", "2", "--hold", "10"]  # the issue's flood
+SETTLE = 120.0  # seconds a server may take to drop the flood's transfers between runs
+REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 
 
@@ -65,6 +81,9 @@ def sha256(path: Path) -> str:
 class Bench:
     def __init__(self, args, srv, cli, root: Path, dl: Path, digest: str) -> None:
         self.accounts: dict = {}  # server name -> servers.CpuAccount
+        self.servers: dict = {}  # server name -> servers.Server
+        self.fld = None  # the flooding host (scenario flood)
+        self.sources: list[str] = []  # the client host's addresses, one per concurrent client
         self.args, self.srv, self.cli, self.root, self.dl, self.digest = (
             args,
             srv,
@@ -79,7 +98,9 @@ class Bench:
         server's CPU seconds (all its threads and children; None if not measurable)
         and the server vCPU's (busy, softirq) seconds meanwhile."""
         dests = [self.dl / f"{server}-{i}" for i in range(n)]
-        argvs = [client_argv(client, self.srv, PORTS[server], "big.bin", d, window) for d in dests]
+        sources = self.sources or [self.cli.addr]
+        argvs = [client_argv(client, self.srv, PORTS[server], "big.bin", d, window,
+                             sources[i % len(sources)]) for i, d in enumerate(dests)]  # fmt: skip
         account = self.accounts[server]
         cpu0, busy0 = account.seconds(), cpus_busy(self.args.server_cpu)
         t0 = time.monotonic()
@@ -106,6 +127,26 @@ class Bench:
         if failures:
             raise RuntimeError(f"{server}: {len(failures)} failed: {failures[0]}")
         return wall, cpu, busy
+
+    def flood_run(self, server: str, client: str) -> tuple:
+        """One lock-step download started once the flood is sent (bench/tftp/flood.py),
+        as :meth:`run` measures it, plus the flood's own summary; then wait until the
+        server has dropped the flood's transfers."""
+        argv = [sys.executable, "-m", "bench.tftp.flood", self.srv.addr, str(PORTS[server]),
+                "--file", "big.bin", *FLOOD]  # fmt: skip
+        flood = self.fld.popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        try:
+            if flood.stdout.readline().strip() != "sent":
+                raise RuntimeError(f"the flood against {server} did not finish sending")
+            measured = self.run(server, client, 1, 1)
+            out, _ = flood.communicate(timeout=60)
+        finally:
+            if flood.poll() is None:
+                flood.kill()
+                flood.wait(timeout=10)
+        summary = json.loads(out.strip().splitlines()[-1])
+        settled = self.servers[server].wait_idle(self.srv, SETTLE)
+        return (*measured, summary, settled)
 
 
 def cpus_busy(cpulist: str) -> tuple[float, float]:
@@ -153,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.size_mib):
             f.write(os.urandom(MIB))
     digest = sha256(root / "big.bin")
-    servers = {name: Server(name, port) for name, port in PORTS.items()}
+    servers = {name: Server(name, port, work=work) for name, port in PORTS.items()}
     servers["rackboot"].extra = tuple(args.tftp_set)
     results: dict[str, dict] = {}
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -164,6 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                 server.start(srv, root, work, args.server_cpu)
             bench = Bench(args, srv, cli, root, dl, digest)
             bench.accounts = {name: server.account for name, server in servers.items()}
+            bench.servers = servers
+            # One address per concurrent client, as machines in a rack: a server may
+            # limit what one address holds (Rackboot: 4 transfers, docs/tftp.md).
+            bench.sources = add_client_addresses(cli, max(
+                [int(n) for n in args.concurrency.split(",")] + [1]))  # fmt: skip
+            if "flood" in scenarios:
+                bench.fld = lab.add_host("fld")
             print(
                 f"bench.tftp {stamp}: {args.size_mib} MiB, blksize 1468, median of {args.repeats}"
             )
@@ -183,19 +231,28 @@ def main(argv: list[str] | None = None) -> int:
                     pair = ["rackboot", peer]
                     for name in pair:  # warm-up, unmeasured: page cache, first fork
                         bench.run(name, client, window, 1)
-                    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in pair}
+                    runs: dict[str, list[tuple]] = {name: [] for name in pair}
                     others = OtherCPU(lab.namespaces)
                     others.start()
+                    load = [load_average()]
                     for i in range(args.repeats):
                         if args.wait_quiet > 0:
                             wait_until_quiet(args.wait_quiet)
                         for name in pair if i % 2 == 0 else pair[::-1]:
-                            runs[name].append(bench.run(name, client, window, n))
+                            if scenario == "flood":
+                                runs[name].append(bench.flood_run(name, client))
+                            else:
+                                runs[name].append(bench.run(name, client, window, n))
                     busy, hogs = others.stop()
+                    load.append(load_average())
                     blocks = n * (size // 1468 + 1)
                     results[label] = report(
                         label, client, window, n, size, blocks, runs, busy, hogs
                     )
+                    results[label]["load_average"] = load
+                    print(f"load average (1, 5, 15 min) before {load[0]}, after {load[1]}")
+                    if scenario == "flood":
+                        results[label]["flood"] = report_flood(runs)
     finally:
         for server in servers.values():
             server.stop()
@@ -204,6 +261,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         results_file.save("tftp", stamp, args.json, vars(args), results)
     return 0
+
+
+def load_average() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def report_flood(runs) -> dict:
+    """What each server sent the flood (bench/tftp/flood.py's summaries), per run."""
+    out = {}
+    for name, rs in runs.items():
+        summaries, settled = [r[3] for r in rs], [r[4] for r in rs]
+        out[name] = {"summaries": summaries, "settle_s": settled}
+        print(f"{name:10} flood: sockets sent DATA {[s['sockets_with_data'] for s in summaries]}, "
+              f"bytes received / sent {[round(s['bytes_received'] / s['bytes_sent'], 2) for s in summaries]}, "
+              f"most to a socket without DATA {[s['most_to_a_refused_socket'] for s in summaries]} "
+              f"(request {summaries[0]['request_size']} bytes), "
+              f"settled in {[None if t is None else round(t, 1) for t in settled]} s")  # fmt: skip
+    return out
 
 
 def report(label, client, window, n, size, blocks, runs, busy, hogs) -> dict:

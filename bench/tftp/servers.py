@@ -46,10 +46,22 @@ def atftpd_binary(log=print) -> str:
     return str(CACHE / "atftpd" / "usr" / "sbin" / "atftpd")
 
 
+def add_client_addresses(host: Host, count: int) -> list[str]:
+    """``count`` addresses on ``host``'s lab interface (its own first), one per
+    concurrent client: from .100 of the lab's /24 on."""
+    base = host.network.network_address
+    extra = [str(base + 100 + i) for i in range(count - 1)]
+    for addr in extra:
+        subprocess.run(["ip", "-n", host.ns, "addr", "add", f"{addr}/{host.network.prefixlen}",
+                        "dev", host.ifname], check=True, timeout=10)  # fmt: skip
+    return [host.addr, *extra]
+
+
 @dataclass
 class Server:
     name: str
     port: int
+    work: Path | None = None
     proc: subprocess.Popen | None = None
     extra: tuple[str, ...] = ()  # more [tftp] lines for rackboot ("busy_poll_us = 0")
     account: CpuAccount | None = None
@@ -101,6 +113,29 @@ class Server:
             time.sleep(0.1)
         raise RuntimeError(f"rackboot not ready: {(work / 'rackboot.log').read_text()[-800:]}")
 
+    def wait_idle(self, host: Host, limit: float) -> float | None:
+        """Wait (at most ``limit`` s) until the server holds no transfer: Rackboot's status
+        shows none active or waiting; tftpd-hpa's cgroup holds only the parent. Seconds
+        waited, or None when it could not tell (or did not get there in time)."""
+        start = time.monotonic()
+        while time.monotonic() - start < limit:
+            if self._idle(host):
+                return time.monotonic() - start
+            time.sleep(0.5)
+        return None
+
+    def _idle(self, host: Host) -> bool:
+        if self.name == "rackboot":
+            sock = self.work / "data" / "control.sock"
+            res = host.run([sys.executable, "-m", "appliance", "status", "--json", "--socket",
+                            str(sock)], timeout=10)  # fmt: skip
+            tftp = json.loads(res.stdout).get("tftp", {}) if res.returncode == 0 else {}
+            return tftp.get("active_transfers") == 0 and tftp.get("waiting_requests", 0) == 0
+        if self.account is None or self.account.path is None:
+            return True  # cannot tell: the caller goes on
+        procs = (self.account.path / "cgroup.procs").read_text().split()
+        return len(procs) <= 1
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -144,12 +179,13 @@ class CpuAccount:
 
 
 def client_argv(
-    kind: str, server: Host, port: int, name: str, dest: Path, window: int
+    kind: str, server: Host, port: int, name: str, dest: Path, window: int, source: str = ""
 ) -> list[str]:
     if kind == "atftp":
         opts = ["--option", "blksize 1468", "--option", "tsize 0"]
         if window > 1:
             opts += ["--option", f"windowsize {window}"]
         return ["atftp", *opts, "-g", "-r", name, "-l", str(dest), server.addr, str(port)]
-    return ["curl", "-sS", "--fail", "--tftp-blksize", "1468", "-o", str(dest),
+    bind = ["--interface", source] if source else []
+    return ["curl", "-sS", "--fail", "--tftp-blksize", "1468", *bind, "-o", str(dest),
             f"tftp://{server.addr}:{port}/{name}"]  # fmt: skip
