@@ -27,6 +27,11 @@ nothing more leaves the VIP, not even an ERROR (that too would speak for the
 rack), and it is handed back as ``fenced``. A transfer from the node's own
 address has no guard and pays one ``is None`` test.
 
+Eviction: admission (trio) may give a running transfer's slot to another
+client; :meth:`Pump.evict` hands the job back through the inbox, and the pump
+ends it with ``ReadTransfer.evict`` (ERROR 0 only to a client that acknowledged
+something) and hands it back once, like any ending job (``handed_back``).
+
 Timers: one heap of ``(deadline, sequence number, job)``. A job's entry is pushed only when
 its machine's timer is earlier than the one armed (normally each send moves the
 timer later, so a steady transfer costs one heap entry per timeout period); an
