@@ -26,6 +26,7 @@ from appliance.api import (
     TableList,
 )
 from appliance.errors import ConfigError
+from appliance.schema import Listener
 
 from .model import BootFiles, Reservation, ServerConfig, Subnet
 
@@ -155,6 +156,8 @@ SECTION = Section(
         ),
         "reservations": Field(TableList(_RESERVATION), default=(), doc="Fixed addresses."),
     },
+    # One socket per interface, each on every address of it (SO_BINDTODEVICE).
+    listeners=(Listener("udp", port="port", enabled="enabled"),),
 )
 
 

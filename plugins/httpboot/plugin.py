@@ -35,6 +35,7 @@ from appliance.api import (
 )
 from appliance.errors import ConfigError, PluginError
 from appliance.logs import get_logger
+from appliance.schema import Listener
 from appliance.state.store import NotWriter
 
 from . import hookspecs
@@ -173,6 +174,7 @@ SECTION = Section(
         ),
         "access_log": Field(Bool(), default=True, doc="Log one line per request."),
     },
+    listeners=(Listener("tcp", port="port", addresses="addresses", enabled="enabled"),),
 )
 
 

@@ -159,6 +159,16 @@ def test_two_services_on_one_address_and_port(tmp_path):
     assert rackboot(env, "config", "check", str(config)).returncode == EXIT_OK
 
 
+def test_dhcp_and_tftp_on_one_port_are_refused_by_config_check(tmp_path):
+    config = config_file(tmp_path, "[tftp]\nport = 6970\n")
+    config.write_text(config.read_text().replace("[dhcp]\nenabled = false", "[dhcp]\nport = 6970"))
+    message = only_line(rackboot(env_for(tmp_path), "config", "check", str(config)), EXIT_CONFIG)
+    assert message == (
+        f"{config}: tftp.port: expected a UDP port that no other listener of this node "
+        "uses on 0.0.0.0 (dhcp.port listens on 0.0.0.0:6970 too), found int 6970"
+    )
+
+
 HA_PEERS = """\
 [ha]
 peers = ["0123456789abcdef@192.0.2.2:7471"]
