@@ -4,15 +4,20 @@ One client must not take the rack's boot service down. A read request is cheap
 to send (20 bytes, any source port, a forged source address) and a transfer is
 not (a socket, an open file, DATA retransmitted for seconds), so:
 
-* **Per source address**, at most ``per_source`` transfers run at once. A PXE
-  ROM, pxelinux, GRUB or iPXE fetch one file at a time; 4 leaves room for a
-  client that gave up and asked again from a new port while its old transfer
-  still times out. Requests past it **wait** (up to ``wait_per_source`` per
-  source, ``wait_total`` in all, ``max_wait`` seconds each) and start, in
-  arrival order, as that source's transfers end: a host behind NAT or a test
-  rig asking for 50 files at once is served 4 at a time, not refused. A
-  waiting request gets nothing until it starts; past the wait lists it is
-  refused (``per_source``), and one that waited too long too (``wait_expired``).
+* **Per source address**, at most ``per_source`` transfers that its client has
+  not acknowledged yet (the ones a forged or flooding source holds, and the
+  only ones that send DATA to an unproven address) run at once. A PXE ROM,
+  pxelinux, GRUB or iPXE fetch one file at a time; 4 leaves room for a client
+  that gave up and asked again from a new port while its old transfer still
+  times out. Requests past it **wait** (up to ``wait_per_source`` per source,
+  ``wait_total`` in all, ``max_wait`` seconds each) and start, in arrival
+  order, as that source's transfers are acknowledged or end (the shell asks
+  again every ``POLL`` while something waits): a host behind NAT or a test rig
+  asking for 50 files at once is served as fast as its clients answer, not
+  refused. Acknowledged transfers are bounded by the table and the fair share
+  below. A waiting request gets nothing until it starts; past the wait lists it
+  is refused (``per_source``), and one that waited too long too
+  (``wait_expired``).
 * **The table is full** (``max_transfers``): the newcomer takes the slot of a
   transfer whose source holds more than it does, preferring one never
   acknowledged (its source may be forged) from the source holding the most,
@@ -41,6 +46,7 @@ from .packets import ErrorCode, encode_error
 
 Key = Hashable  # one request: (client address and port, local address)
 ERROR_HEADER = 5  # opcode, code, the message's NUL
+POLL = 0.02  # seconds between the shell's looks at waiting requests (their sources' ACKs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +121,7 @@ class Admission:
         request starts or expires."""
         held = len(self._running.get(source, ()))
         limits = self.limits
-        if held >= limits.per_source:
+        if self._unverified(source, verified) >= limits.per_source:
             if (
                 self._waiting_by_source[source] < limits.wait_per_source
                 and len(self._waiting) < limits.wait_total
@@ -143,25 +149,29 @@ class Admission:
             if not keys:
                 del self._running[source]
 
-    def take_waiting(self, now: float) -> tuple[list[Any], list[Any]]:
+    def take_waiting(
+        self, now: float, verified: Callable[[Key], bool]
+    ) -> tuple[list[Any], list[Any]]:
         """(tickets to start now, tickets that waited past ``max_wait``), in arrival order."""
         started, expired = [], []
         for key, entry in list(self._waiting.items()):
-            if now - entry.since >= self.limits.max_wait:
+            if now >= entry.since + self.limits.max_wait:  # get_timer's very expression
                 expired.append(self._unwait(key).ticket)
             elif (
                 self.running < self.limits.max_transfers
-                and len(self._running.get(entry.source, ())) < self.limits.per_source
+                and self._unverified(entry.source, verified) < self.limits.per_source
             ):
                 self._unwait(key)
                 self._add(key, entry.source, now)
                 started.append(entry.ticket)
         return started, expired
 
-    def get_timer(self) -> float | None:
-        """When the oldest waiting request expires (None: nothing waits)."""
+    def get_timer(self, now: float) -> float | None:
+        """When to call :meth:`take_waiting` again: the oldest waiting request's expiry,
+        or sooner (``POLL``) to see whether its source's transfers were acknowledged
+        (None: nothing waits)."""
         for entry in self._waiting.values():
-            return entry.since + self.limits.max_wait
+            return min(entry.since + self.limits.max_wait, now + POLL)
         return None
 
     # -- internals
@@ -176,6 +186,9 @@ class Admission:
         if not self._waiting_by_source[entry.source]:
             del self._waiting_by_source[entry.source]
         return entry
+
+    def _unverified(self, source: str, verified: Callable[[Key], bool]) -> int:
+        return sum(1 for key in self._running.get(source, ()) if not verified(key))
 
     def _victim(self, held: int, verified: Callable[[Key], bool]) -> Key | None:
         """A running transfer to give up for a newcomer whose source holds ``held``."""

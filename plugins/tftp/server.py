@@ -271,7 +271,7 @@ class TftpServer:
         """Start what waited for its source's turn; refuse what waited too long."""
         if self._closing:
             return
-        started, expired = self._admission.take_waiting(trio.current_time())
+        started, expired = self._admission.take_waiting(trio.current_time(), self._verified)
         for ask in started:
             self._start((ask.peer, ask.local), ask)
         for ask in expired:
@@ -281,9 +281,10 @@ class TftpServer:
             self._wait_changed.unpark_all()
 
     async def _expire_waiting(self) -> None:
-        """Wake when the oldest waiting request is due to expire (park while none waits)."""
+        """While requests wait: look again every POLL (their sources' transfers may have
+        been acknowledged) and when the oldest expires; park while none waits."""
         while True:
-            deadline = self._admission.get_timer()
+            deadline = self._admission.get_timer(trio.current_time())
             if deadline is None:
                 await self._wait_changed.park()
                 continue

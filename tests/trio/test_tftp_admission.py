@@ -84,13 +84,12 @@ async def test_a_flood_from_one_address_leaves_others_served_without_amplificati
             sock.close()
 
 
-async def test_one_address_asking_for_many_files_is_served_four_at_a_time(root):  # noqa: F811
-    """A host behind NAT, or a test rig: its requests past 4 wait, none is refused."""
-    seen_active = []
+async def test_one_address_asking_for_many_files_is_served_without_refusal(root):  # noqa: F811
+    """A host behind NAT, or a test rig: past 4 unacknowledged transfers its requests
+    wait (briefly: until its clients acknowledge), none is refused."""
 
     async def one(i: int) -> bytes:
         got = await fetch(addr, "mid.bin", {"blksize": "1468"}, timeout=0.5, limit=30)
-        seen_active.append(server.stats.active)
         return got.data
 
     with trio.fail_after(30):
@@ -105,7 +104,6 @@ async def test_one_address_asking_for_many_files_is_served_four_at_a_time(root):
                 for i in range(20):
                     clients.start_soon(keep, i)
             assert results == [(root / "mid.bin").read_bytes()] * 20
-            assert max(seen_active) <= 4
             await server.wait_idle()  # the last final ACK is on its way
             assert server.stats.transfers["complete"] == 20 and server.stats.transfers["busy"] == 0
             nursery.cancel_scope.cancel()
