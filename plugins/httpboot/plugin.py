@@ -149,12 +149,21 @@ SECTION = Section(
             "node if the state has none, and ignored afterwards.",
         ),
         "max_connections": Field(
-            Int(min=1, max=100_000), default=512, doc="Open connections; past it: 503 and close."
+            Int(min=1, max=100_000),
+            default=512,
+            doc="Open connections; past it a newcomer displaces the oldest waiting connection "
+            "of the source holding the most, else 503 and close.",
+        ),
+        "max_connections_per_source": Field(
+            Int(min=1, max=100_000),
+            default=32,
+            doc="Open connections one client address may hold; past it: 503 and close.",
         ),
         "request_timeout": Field(
             Float(min=0.1, max=3600.0),
             default=10.0,
-            doc="Seconds from a request's first byte until its head and body are in.",
+            doc="Seconds from the accept (or a kept-alive request's first byte) until the head "
+            "and body are in; not pushed back by each byte.",
         ),
         "idle_timeout": Field(
             Float(min=0.1, max=3600.0),
@@ -328,6 +337,7 @@ class _Service:
             limits=Limits(settings.request_timeout, settings.idle_timeout, settings.send_timeout),
             stats=self.stats,
             max_connections=settings.max_connections,
+            max_per_source=settings.max_connections_per_source,
             access_log=settings.access_log,
             fence=node.fence,
         )

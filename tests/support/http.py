@@ -65,6 +65,8 @@ class Client:
             if event is h11.NEED_DATA:
                 self.h11.receive_data(await self.stream.receive_some(1 << 20))
                 continue
+            if event is h11.PAUSED:  # would spin here without an await: no timeout ends it
+                raise RuntimeError("the previous exchange is over: call start_next_cycle first")
             if isinstance(event, h11.Response):
                 response = event
             elif isinstance(event, h11.Data):

@@ -36,8 +36,10 @@ SANS_IO = [
     "plugins.tftp.packets",
     "plugins.tftp.negotiate",
     "plugins.tftp.transfer",
+    "plugins.tftp.admission",
     "plugins.tftp.confine",  # the filesystem only: no network, no clock
     "plugins.httpboot.identity",
+    "plugins.httpboot.admission",
     "plugins.httpboot.urlpath",
     "plugins.httpboot.ranges",
     "plugins.httpboot.conditional",
