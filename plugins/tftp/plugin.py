@@ -97,6 +97,12 @@ SECTION = Section(
             default=256,
             doc="Concurrent transfers; requests past it get ERROR 0 'server busy'.",
         ),
+        "max_transfers_per_source": Field(
+            Int(min=1, max=100_000),
+            default=4,
+            doc="Transfers one source address may hold before its client acknowledges "
+            "anything; more wait their turn.",
+        ),
         "retries": Field(
             Int(min=1, max=100),
             default=5,
@@ -175,6 +181,7 @@ def server_config(node: Node) -> ServerConfig:
         max_blksize=settings.max_blksize,
         max_windowsize=settings.max_windowsize,
         max_transfers=settings.max_transfers,
+        max_transfers_per_source=settings.max_transfers_per_source,
         retries=settings.retries,
         timeout=settings.timeout,
         max_timeout=settings.max_timeout,
