@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import inspect
 import json
-import math
 import os
 import socket
 import struct
@@ -20,6 +19,7 @@ from typing import Any
 import trio
 
 from appliance.errors import AlreadyRunning, RackbootError, Unreachable
+from appliance.jsontext import dumps
 from appliance.logs import get_logger
 
 MAX_REQUEST_BYTES = 64 * 1024
@@ -33,24 +33,6 @@ Handler = Callable[[dict[str, Any]], Any | Awaitable[Any]]
 
 class ControlRequestError(Exception):
     """A request the server refuses; its text goes back to the client."""
-
-
-def dumps(value: Any, **options: Any) -> str:
-    """Strict JSON (RFC 8259), for every answer of the socket and every JSON the CLI
-    prints: a float that is not finite (an endless lease's inf, an unknown rate's NaN)
-    becomes null, which JSON readers other than Python's accept; a value JSON cannot
-    hold becomes its str()."""
-    return json.dumps(_finite(value), allow_nan=False, default=str, **options)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
 
 
 def parse_request_untrusted(line: bytes) -> tuple[str, dict[str, Any]]:

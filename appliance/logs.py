@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any
 
+from appliance.jsontext import dumps
+
 ROOT = "rackboot"
 _RESERVED = ("ts", "level", "logger", "msg")
 
@@ -64,9 +66,7 @@ def _record_fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 def _kv_value(value: Any) -> str:
-    text = (
-        value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
-    )
+    text = value if isinstance(value, str) else dumps(value, separators=(",", ":"))
     if text == "" or any(c in text for c in ' "=\\\n\t'):
         return json.dumps(text)
     return text
@@ -79,7 +79,7 @@ class KeyValueFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(_record_fields(record), default=str, separators=(",", ":"))
+        return dumps(_record_fields(record), separators=(",", ":"))
 
 
 def setup_logging(fmt: str = "kv", level: str = "info", stream=None) -> None:

@@ -16,13 +16,13 @@ Error pages are a status line's text and nothing else: never a server path.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, BinaryIO
+
+from appliance.jsontext import dumps
 
 JSON = b"application/json"
 TEXT = b"text/plain; charset=utf-8"
@@ -71,10 +71,7 @@ class Response:
         """Strict JSON (RFC 8259): a float that is not finite (a lease that never ends is
         ``inf`` in the node's status) is written ``null``, never ``Infinity`` or ``NaN``,
         which most parsers refuse."""
-        try:
-            text = _strict_json(document)
-        except ValueError:  # out of range: rare, so the document is copied only then
-            text = _strict_json(_finite(document))
+        text = dumps(document, separators=(",", ":"), sort_keys=True)
         return cls(status, [(b"content-type", JSON), NO_STORE], text.encode() + b"\n")
 
     @classmethod
@@ -108,21 +105,6 @@ class Response:
     def close(self) -> None:
         if self.region is not None:
             self.region.handle.close()
-
-
-def _strict_json(document: Any) -> str:
-    return json.dumps(document, separators=(",", ":"), sort_keys=True, allow_nan=False)
-
-
-def _finite(document: Any) -> Any:
-    """``document`` with every float that is not finite replaced by None."""
-    if isinstance(document, float):
-        return document if math.isfinite(document) else None
-    if isinstance(document, dict):
-        return {key: _finite(value) for key, value in document.items()}
-    if isinstance(document, list | tuple):
-        return [_finite(value) for value in document]
-    return document
 
 
 Handler = Callable[[Request], "Response | Awaitable[Response]"]

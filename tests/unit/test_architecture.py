@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # does not exist fails the test, so the list cannot rot silently.
 SANS_IO = [
     "appliance.schema",
+    "appliance.jsontext",
     "appliance.frames",
     "appliance.state.records",
     "appliance.state.tables",

@@ -47,3 +47,17 @@ def test_level_filters(stream):
     log.info("hidden")
     log.warning("shown")
     assert "hidden" not in stream.getvalue() and "shown" in stream.getvalue()
+
+
+def test_log_lines_are_strict_json_and_a_non_finite_number_is_null():
+    """A field of inf (an endless lease) or NaN: JSON readers other than Python's refuse
+    Infinity and NaN, so both formats write null."""
+    from appliance.logs import JsonFormatter, KeyValueFormatter
+
+    record = logging.LogRecord("rackboot.test", logging.INFO, __file__, 1, "lease", (), None)
+    record.fields = {"until": float("inf"), "rates": [1.5, float("nan")]}
+    line = JsonFormatter().format(record)
+    document = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {line}"))
+    assert document["until"] is None and document["rates"] == [1.5, None]
+    text = KeyValueFormatter().format(record)
+    assert "until=null" in text and "rates=[1.5,null]" in text
