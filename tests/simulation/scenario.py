@@ -237,10 +237,11 @@ class _Livelock(trio.abc.Instrument):
         now = trio.current_time()
         if now != self.at:
             self.at, self.steps = now, 0
-        elif (steps := self.steps + 1) == LIVELOCK_STEPS:
-            self.world.checker.fail(f"livelock: {steps} task steps without the clock moving")
-            self.scope.cancel()
+            return
         self.steps += 1
+        if self.steps == LIVELOCK_STEPS:
+            self.world.checker.fail(f"livelock: {self.steps} task steps without the clock moving")
+            self.scope.cancel()
 
 
 async def _run(seed: int, seed_set: SeedSet, duration: float, keep_trace: bool) -> Result:
