@@ -121,7 +121,8 @@ SECTION = Section(
         "busy_poll_us": Field(
             Int(min=0, max=10_000),
             default=200,
-            doc="While one transfer runs alone, poll for its ACK this long before sleeping (0: never).",
+            doc="While one transfer runs alone (or is the only acknowledged one among a few), "
+            "poll for its ACK this long before sleeping (0: never).",
         ),
     },
     listeners=(Listener("udp", port="port", addresses="addresses"),),

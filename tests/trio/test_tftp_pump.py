@@ -147,6 +147,36 @@ async def test_a_lone_lock_step_transfer_over_a_lossy_link(root, busy_poll):
             nursery.cancel_scope.cancel()
 
 
+async def test_spinning_on_the_acknowledged_transfer_never_starves_another(root):
+    # Three stalled (never acknowledged) transfers leave the big download the only
+    # acknowledged one, so the pump busy-polls its socket alone; the small download
+    # started next has its ACKs on a socket the spin does not read. They must be
+    # seen between the big one's blocks, not only once it ends.
+    finished = []
+
+    async def download(addr, name, blksize, source):
+        with trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM) as sock:
+            await sock.bind((source, 0))
+            got = await fetch(addr, name, {"blksize": blksize}, sock=sock)
+        assert got.complete and got.data == (root / name).read_bytes()
+        finished.append(name)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            server, addr = await start(nursery, root, timeout=30.0, max_timeout=30.0,
+                                       busy_poll=0.05)  # fmt: skip
+            stalled = [await stall(addr, source=f"127.0.7.{i + 1}") for i in range(3)]
+            async with trio.open_nursery() as downloads:
+                downloads.start_soon(download, addr, "large.bin", "512", "127.0.8.1")
+                while server.stats.active < 4:  # the big one's RRQ was admitted
+                    await trio.sleep(0.001)
+                downloads.start_soon(download, addr, "mid.bin", "1468", "127.0.8.2")
+            assert finished == ["mid.bin", "large.bin"]
+            for sock, _ in stalled:
+                sock.close()
+            nursery.cancel_scope.cancel()
+
+
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm (tmpfs) here")
 @pytest.mark.parametrize("windowsize", ["1", "4"])
 async def test_files_the_page_cache_cannot_vouch_for_are_read_by_a_worker(tmp_path, windowsize):
