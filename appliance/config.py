@@ -214,14 +214,20 @@ def resolve_listeners(sections: list[Section], settings: dict[str, Settings]) ->
         values = settings.get(section.name)
         for listener in section.listeners if values is not None else ():
             port = values[listener.port]
-            if (listener.enabled and values[listener.enabled] in (False, "off")) or port == 0:
+            if (
+                (listener.enabled and values[listener.enabled] in (False, "off"))
+                or (listener.when is not None and not listener.when(values))
+                or port == 0
+            ):
                 continue
             addresses = values[listener.addresses] if listener.addresses else WILDCARD
             for address in addresses if isinstance(addresses, list | tuple) else [addresses]:
                 found.append(
                     Listening(
-                        listener.protocol, str(address), port,
-                        f"{section.name}.{listener.port}",
+                        listener.protocol, str(address), port + listener.offset,
+                        f"{section.name}.{listener.port}" + (
+                            f" + {listener.offset}" if listener.offset else ""
+                        ),
                         f"{section.name}.{listener.addresses}", section.owner,
                     )
                 )  # fmt: skip

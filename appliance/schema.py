@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,6 +226,10 @@ class Listener:
     # service that always binds every address (per interface, say).
     addresses: str = ""
     enabled: str = ""  # the key that turns the service off (false or 'off'), if any
+    offset: int = 0  # listens on the port's value plus this (replication: the election's + 1)
+    # Whether the settings make the service listen at all (the election binds only
+    # with peers or witnesses); None: whenever it is enabled.
+    when: Callable[[Settings], bool] | None = None
 
 
 @dataclass(frozen=True)

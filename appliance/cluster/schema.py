@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from appliance.schema import Bool, Choice, Field, Float, Int, IPv4Address, List, Section, Str
+from appliance.schema import (
+    Bool, Choice, Field, Float, Int, IPv4Address, List, Listener, Section, Str,
+)  # fmt: skip
 
 DEFAULT_PORT = 7470
 PEER_PATTERN = r"[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}"
@@ -76,4 +78,7 @@ SECTION = Section(
             doc="Seconds a join token stays valid.",
         ),
     },
+    # Declared whether or not this node has an identity yet: a clash would only show
+    # once it joins, when nobody is at the console.
+    listeners=(Listener("tcp", port="port", addresses="listen", enabled="enabled"),),
 )

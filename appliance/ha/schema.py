@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from appliance.errors import ConfigError
-from appliance.schema import Bool, Choice, Field, Float, Int, IPv4Address, List, Section, Str
+from appliance.schema import (
+    Bool, Choice, Field, Float, Int, IPv4Address, List, Listener, Section, Str,
+)  # fmt: skip
 
 DEFAULT_PORT = 7471
 ADDRESS_PATTERN = r"[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}"
@@ -121,6 +123,14 @@ SECTION = Section(
             doc="The leader key is this prefix followed by the rack name.",
         ),
     },
+    listeners=(
+        # The embedded election binds only with someone to elect with; replication
+        # (TCP, the next port up) only with peers to replicate to.
+        Listener("udp", port="port", addresses="listen",
+                 when=lambda s: s.backend == "embedded" and bool(s.peers or s.witnesses)),
+        Listener("tcp", port="port", addresses="listen", offset=1,
+                 when=lambda s: s.backend == "embedded" and bool(s.peers)),
+    ),  # fmt: skip
 )
 
 

@@ -266,3 +266,36 @@ def test_two_listeners_on_one_address_and_port(document, refused):
     with pytest.raises(ConfigError) as info:
         validate("f", document, sections, dev=False)
     assert str(info.value).startswith(f"f: {refused}")
+
+
+PEER = "0123456789abcdef@192.0.2.2:7471"
+WEB = Section(  # an HTTP service on the replication port
+    "web",
+    fields={"port": Field(Int(min=0, max=65535), default=7472)},
+    listeners=(Listener("tcp", port="port"),),
+)
+
+
+@pytest.mark.parametrize(
+    ("document", "refused"),
+    [
+        ({}, None),  # standalone: neither the election nor replication listens
+        ({"ha": {"peers": [PEER]}}, "ha.port + 1: expected a TCP port that no other listener"),
+        ({"ha": {"peers": [PEER], "backend": "etcd"}}, None),
+        ({"ha": {"witnesses": [PEER]}, "web": {"port": 7471}}, None),  # UDP and TCP
+        ({"ha": {"witnesses": [PEER]}}, None),  # no replication without peers
+        ({"cluster": {"port": 7472}}, "cluster.port: expected a TCP port that no other listener"),
+        ({"cluster": {"port": 7472, "enabled": "off"}}, None),
+    ],
+)
+def test_the_cluster_election_and_replication_ports_are_declared(document, refused):
+    from appliance.cluster.schema import SECTION as CLUSTER
+    from appliance.ha.schema import SECTION as HA
+
+    sections = [WEB, CLUSTER, HA]
+    if refused is None:
+        validate("f", document, sections, dev=False)
+        return
+    with pytest.raises(ConfigError) as info:
+        validate("f", document, sections, dev=False)
+    assert str(info.value).startswith(f"f: {refused}")
