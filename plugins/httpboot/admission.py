@@ -39,6 +39,7 @@ class Admitted:
     conn: int
     evict: int | None = None  # the connection to close to make room, if any
     evicted_phase: str | None = None  # HEAD or IDLE: what the closed one was waiting for
+    evicted_source: str | None = None  # whose connection it was
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,14 @@ class Admission:
             victim = self._victim(own)
             if victim is None:
                 return Refused("full")
-        evicted_phase = None if victim is None else self._conns[victim][1]
+        evicted_source, evicted_phase = (None, None) if victim is None else self._conns[victim]
         if victim is not None:
             self.release(victim)
         conn, self._next = self._next, self._next + 1
         self._sources.setdefault(source, _Source()).held += 1
         self._conns[conn] = (source, BUSY)
         self.mark(conn, HEAD, now)
-        return Admitted(conn, victim, evicted_phase)
+        return Admitted(conn, victim, evicted_phase, evicted_source)
 
     def mark(self, conn: int, phase: str, now: float) -> None:
         """The connection now waits for a head (HEAD), idles (IDLE) or is served (BUSY).

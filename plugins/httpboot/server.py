@@ -127,6 +127,9 @@ class HttpServer:
             assert decision.evicted_phase is not None
             self.stats.displaced[decision.evicted_phase] += 1
             self._scopes.pop(decision.evict).cancel()  # its own task closes its socket
+            # One line per newcomer at most (a flood's refusals are only counted).
+            log.info("displaced", client=decision.evicted_source, waiting_for=decision.evicted_phase,
+                     reason=f"its slot went to {client[0]}, a source holding fewer")  # fmt: skip
         self._admitted[sock.fileno()] = (decision.conn, scope, client)
         self.stats.active_connections = len(self.admission)
         self.stats.connections += 1

@@ -4,6 +4,8 @@ source addresses (127.0.0.0/8 is all local), every wait bounded."""
 
 from __future__ import annotations
 
+import logging
+
 import trio
 import trio.testing
 
@@ -47,7 +49,8 @@ async def test_a_source_past_its_cap_gets_503_and_others_are_served(root):
                 await client.aclose()
 
 
-async def test_a_full_table_displaces_the_floods_oldest_waiting_connection(root):
+async def test_a_full_table_displaces_the_floods_oldest_waiting_connection(root, caplog):
+    caplog.set_level(logging.INFO, logger="rackboot.httpboot")
     with trio.fail_after(LIMIT):
         async with serving(root, max_connections=4, max_per_source=4) as (address, server):
             flood = []
@@ -59,6 +62,8 @@ async def test_a_full_table_displaces_the_floods_oldest_waiting_connection(root)
             assert (await legit.request("GET", "/files/small.txt")).body == b"0123456789"
             assert await flood[0].closed_by_server()  # the oldest wait, closed without answer
             assert server.stats.displaced == {"head": 1, "idle": 0}
+            (line,) = [r.fields for r in caplog.records if r.getMessage() == "displaced"]
+            assert line["client"] == FLOOD and LEGIT in line["reason"]
             # the legit client now idles on a kept-alive connection; another newcomer takes
             # the flood's next oldest (its source holds 3), not the legit client's
             other = await connect_from(address, OTHER)

@@ -37,6 +37,7 @@ def test_a_full_table_gives_the_newcomer_the_oldest_wait_of_the_heaviest_source(
     table.mark(flood[0], BUSY, now=6.0)  # answering its request: never displaced
     decision = admitted(table.admit("10.0.0.3", now=7.0))
     assert (decision.evict, decision.evicted_phase) == (flood[1], HEAD)
+    assert decision.evicted_source == "10.0.0.66"  # named in the server's log line
     assert table.phase(flood[1]) is None and table.held_by("10.0.0.66") == 3
     # an idle kept-alive connection waits since it went idle: now the flood's oldest
     table.mark(flood[3], IDLE, now=7.5)
