@@ -125,12 +125,15 @@ class LossyProxy:
             self.back.close()
 
     async def _pump(self, sock, from_client: bool) -> None:
-        held: bytes | None = None
+        held: tuple[bytes, Address] | None = None  # with where it was going when held
         while True:
             data, sender = await sock.recvfrom(RECV)
             if from_client:
                 self.client = sender
-                out, to = self.back, (self.server_tid or self.server)
+                # A request (resent when its answer was lost) goes to the server's own
+                # port, never to a transfer's: that one would take it for a stray.
+                is_request = data[:2] in (b"\x00\x01", b"\x00\x02")
+                out, to = self.back, (self.server if is_request else self.server_tid or self.server)
             else:
                 if sender != self.server:
                     self.server_tid = sender
@@ -139,16 +142,16 @@ class LossyProxy:
             if rng.random() < f.drop:
                 f.counts["drop"] += 1
                 continue
-            copies = [data]
+            copies = [(data, to)]
             if rng.random() < f.dup:
                 f.counts["dup"] += 1
-                copies.append(data)
+                copies.append((data, to))
             if held is None and rng.random() < f.reorder:
                 f.counts["reorder"] += 1
-                held = data
+                held = (data, to)
                 continue
             if held is not None:
                 copies.append(held)  # the held datagram now arrives after a later one
                 held = None
-            for copy in copies:
-                await out.sendto(copy, to)
+            for copy, dest in copies:
+                await out.sendto(copy, dest)
