@@ -1,9 +1,11 @@
 """A bounded flood of TFTP read requests that are never acknowledged (issue 16).
 
-``python -m bench.tftp.flood SERVER PORT --file NAME --count 500 --seconds 2 --hold 3``
+``python -m bench.tftp.flood SERVER PORT --file NAME --count 500 --seconds 2 --hold 3
+[--sources A,B,...]``
 
 Sends ``count`` RRQs for ``NAME``, each from its own UDP socket (its own source
-port), evenly over ``seconds``; reads nothing while sending and acknowledges
+port; with ``--sources``, bound to those local addresses in turn: a flood from
+many hosts, or one host's many addresses), evenly over ``seconds``; reads nothing while sending and acknowledges
 nothing. Prints ``sent`` on a line of its own once the last request left (a
 caller starts its legitimate download then), keeps every socket open ``hold``
 seconds more (so the server's DATA meets no ICMP port unreachable and lingers,
@@ -38,7 +40,7 @@ def rrq(name: str) -> bytes:
 
 
 def flood(server: str, port: int, name: str, count: int, seconds: float, hold: float,
-          announce=lambda: None) -> dict:  # fmt: skip
+          announce=lambda: None, sources: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """Send the flood, hold, drain; the summary described in the module docstring."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < count + 64:
@@ -50,6 +52,8 @@ def flood(server: str, port: int, name: str, count: int, seconds: float, hold: f
         for i in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             socks.append(sock)
+            if sources:
+                sock.bind((sources[i % len(sources)], 0))
             delay = start + i * seconds / count - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
@@ -98,13 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=500, help="requests, one source port each")
     p.add_argument("--seconds", type=float, default=2.0, help="spread over this long")
     p.add_argument("--hold", type=float, default=3.0, help="keep the sockets open this long after")
+    p.add_argument("--sources", default="", help="comma-separated local addresses to send from, in turn")
     args = p.parse_args(argv)
 
     def announce() -> None:
         print("sent", flush=True)
 
+    sources = tuple(a for a in args.sources.split(",") if a)
     summary = flood(args.server, args.port, args.file, args.count, args.seconds, args.hold,
-                    announce)  # fmt: skip
+                    announce, sources)  # fmt: skip
     print(json.dumps(summary), flush=True)
     return 0
 
