@@ -81,6 +81,7 @@ class CliCommand:
     control: str
     render: Callable[[Any], str]
     arguments: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = ()
+    timeout: float = 10.0  # seconds the CLI waits for the node's answer
 
 
 __all__ = [

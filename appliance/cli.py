@@ -193,7 +193,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_plugin(args: argparse.Namespace) -> int:
     command: CliCommand = args.plugin_command
     request = {dest: getattr(args, dest) for dest in args.plugin_args}
-    result = control.call(control_path(args), command.control, request)
+    result = control.call(control_path(args), command.control, request, timeout=command.timeout)
     print(control.dumps(result, indent=2, sort_keys=True) if args.json else command.render(result))
     return EXIT_OK
 
