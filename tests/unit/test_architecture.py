@@ -49,6 +49,8 @@ SANS_IO = [
     "plugins.httpboot.files",
     "plugins.httpboot.script",
     "plugins.httpboot.events",
+    "plugins.images.manifest",
+    "plugins.images.render",
     "appliance.cluster.pki",
     "appliance.cluster.jointoken",
     "appliance.cluster.wire",
