@@ -28,6 +28,7 @@ from appliance.control import ControlRequestError
 from appliance.errors import ConfigError
 from appliance.logs import get_logger
 from appliance.state.store import NotWriter
+from plugins.httpboot.messages import Request, Response, Route
 
 from .manifest import BadManifest, Head, Params, public_raw, seal
 from .render import render_added, render_list, render_removed, render_show, render_verified
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 log = get_logger("images")
 
 HEADS_NS, CURRENT_NS = "images", "images.current"
+SERVED_PREFIX = "images/"  # TFTP: images/NAME; HTTP: /images/NAME
 LOCAL_KEY = "local-signing.key"
 
 SECTION = Section(
@@ -113,6 +115,21 @@ class ImagesPlugin:
             "images.verify": state.verify, "images.rm": state.remove, "images.gc": state.gc,
         }  # fmt: skip
 
+    # -- serving by name (optional: the tftp and httpboot plugins may be disabled) --
+
+    @hookimpl(optionalhook=True)
+    def tftp_open(self, path: str, node: Node) -> Path | None:
+        """``images/NAME``: the current version of image NAME (a lookup, no I/O)."""
+        state = self.stores.get(node)
+        name = path.removeprefix(SERVED_PREFIX) if path.startswith(SERVED_PREFIX) else None
+        return None if state is None or name is None else state.store.served_path(name)
+
+    @hookimpl(optionalhook=True)
+    def httpboot_routes(self, node: Node) -> list[Route] | None:
+        state = self.stores.get(node)
+        return None if state is None else [
+            Route("GET", "/images/{name}", state.http_image, name="images")]  # fmt: skip
+
     @hookimpl
     def rackboot_cli_commands(self) -> list[CliCommand]:
         version = (("--version",), {"help": "a version (default: the current one)"})
@@ -128,17 +145,21 @@ class ImagesPlugin:
                     (("file",), {"type": _absolute, "help": "the file to add"}),
                     (("--version",), {"help": "version (default: the next integer)"}),
                 ),
-            ),  # fmt: skip
+            ),
             CliCommand(
                 ("image", "list"), "list the images of the store", "images.list", render_list
-            ),  # fmt: skip
+            ),
             CliCommand(
                 ("image", "show"),
                 "show an image version's head and chunks",
                 "images.show",
                 render_show,
-                arguments=((("name",), {"help": "image name"}), version),
-            ),  # fmt: skip
+                arguments=(
+                    (("name",), {"help": "image name"}),
+                    version,
+                    (("--chunks",), {"action": "store_true", "help": "list every chunk"}),
+                ),
+            ),
             CliCommand(
                 ("image", "verify"),
                 "read an image version whole against its signed head",
@@ -146,7 +167,7 @@ class ImagesPlugin:
                 render_verified,
                 timeout=3600.0,
                 arguments=((("name",), {"help": "image name"}), version),
-            ),  # fmt: skip
+            ),
             CliCommand(
                 ("image", "rm"),
                 "remove an image version",
@@ -156,7 +177,7 @@ class ImagesPlugin:
                     (("name",), {"help": "image name"}),
                     (("--version",), {"required": True, "help": "the version"}),
                 ),
-            ),  # fmt: skip
+            ),
             CliCommand(
                 ("image", "gc"),
                 "remove old versions and unreferenced files",
@@ -164,7 +185,7 @@ class ImagesPlugin:
                 render_removed,
                 timeout=600.0,
                 arguments=((("--keep",), {"type": int, "help": "versions kept per image"}),),
-            ),  # fmt: skip
+            ),
         ]
 
 
@@ -244,6 +265,20 @@ class _Node:
             raise BadManifest("the head names another signer than its certificate")
         return key  # type: ignore[return-value]
 
+    # -- serving ----------------------------------------------------------------------
+
+    def http_image(self, request: Request) -> Response:
+        """The current version of an image, whole (Range and conditional requests are
+        the server's); only names in the store, never a path built from the request."""
+        path = self.store.served_path(request.params["name"])
+        if path is None:
+            return Response.error(404)
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 (the server closes it after sending)
+        except OSError:  # removed meanwhile (gc): as if it had never been there
+            return Response.error(404)
+        return Response.file(handle, os.fstat(handle.fileno()), b"application/octet-stream")
+
     # -- control handlers -----------------------------------------------------------
 
     async def add(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -271,13 +306,17 @@ class _Node:
 
     async def show(self, args: dict[str, Any]) -> dict[str, Any]:
         found = self._get(args)
-        table = found.table
-        return {
+        shown = {
             **_head_json(found.head), "path": str(found.path),
             "current": self.store.current.get(found.head.name) == found.head.version,
-            "chunks_table": [[chunk.hex(), offset, size] for chunk, offset, size
-                             in zip(table.ids, table.offsets(), table.sizes, strict=True)],
         }  # fmt: skip
+        if args.get("chunks"):  # ~90 bytes of JSON a chunk: 1.2 MB for 1 GiB
+            table = found.table
+            shown["chunk_table"] = [
+                [chunk.hex(), offset, size]
+                for chunk, offset, size in zip(table.ids, table.offsets(), table.sizes, strict=True)
+            ]
+        return shown
 
     async def verify(self, args: dict[str, Any]) -> dict[str, Any]:
         found = self._get(args)

@@ -47,7 +47,7 @@ def render_show(result: dict[str, Any]) -> str:
         f"table     {result['table']}",
         f"created   {_when(result['created'])} by {result['signer']}",
         f"file      {result['path']}",
-    ])  # fmt: skip
+    ] + [f"  {chunk}  @{offset:<12} {size}" for chunk, offset, size in result.get("chunk_table", [])])  # fmt: skip
 
 
 def render_verified(result: dict[str, Any]) -> str:

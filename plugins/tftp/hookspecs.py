@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from appliance.api import hookspec
 
 if TYPE_CHECKING:
+    from appliance.node import Node
     from plugins.tftp.server import Client
 
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 
 @hookspec(firstresult=True)
-def tftp_open(path: str, client: Client) -> bytes | os.PathLike[str] | None:
+def tftp_open(path: str, client: Client, node: Node) -> bytes | os.PathLike[str] | None:
     """Provide the content of a read request dynamically (rendered per-machine
     scripts, files assembled by the image store).
 
@@ -33,6 +34,8 @@ def tftp_open(path: str, client: Client) -> bytes | os.PathLike[str] | None:
     :param client: The requesting client: ``client.address`` (an
         :class:`ipaddress.IPv4Address`), ``client.port``, and
         ``client.local`` (the server address the request arrived on).
+    :param node: The node whose TFTP server asks (several may run in one
+        process, in tests). Take it only if you need it.
     :return: ``bytes`` to send as the file; or a path (:class:`os.PathLike`)
         of a regular file to stream, opened as given (it is *not* confined to
         the TFTP root: return only paths you own); or ``None`` to let the

@@ -200,7 +200,7 @@ class _Service:
         pm = node.pm
 
         def open_hook(path: str, client: Client) -> Any:
-            return pm.hook.tftp_open(path=path, client=client)
+            return pm.hook.tftp_open(path=path, client=client, node=node)
 
         self.server = TftpServer(self.config, self.stats, open_hook, node.fence)
 

@@ -1,0 +1,95 @@
+"""The images plugin in a node (real loopback sockets and control socket, every test
+bounded): `image add` through the control socket, the head committed to the state log,
+the current version served by name over HTTP and TFTP, a restart, a damaged file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from appliance import control
+from appliance.errors import RackbootError
+from appliance.node import Node
+from plugins.httpboot.plugin import HttpBootPlugin
+from plugins.images.manifest import open_untrusted
+from plugins.images.plugin import HEADS_NS, ImagesPlugin
+from plugins.tftp import plugin as tftp_plugin
+from tests.support.http import fetch
+from tests.support.plugins import configured
+from tests.support.tftp import fetch as tftp_fetch
+
+LIMIT = 30
+DOCUMENT = {
+    "httpboot": {"port": 0},
+    "tftp": {"port": 0},
+    "images": {"min_chunk": 1024, "avg_chunk": 4096, "max_chunk": 16384},
+}
+
+
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path) -> AsyncIterator[tuple[Node, ImagesPlugin]]:
+    images = ImagesPlugin()
+    config, pm = configured(tmp_path, DOCUMENT, images=images, httpboot=HttpBootPlugin(),
+                            tftp=tftp_plugin)  # fmt: skip
+    node = Node(config, pm)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: node.run(handle_signals=False, task_status=task_status)
+        )
+        yield node, images
+        node.request_stop("test")
+
+
+async def call(node: Node, cmd: str, **args):
+    return await trio.to_thread.run_sync(control.call, node.control_path, cmd, args)
+
+
+def listening(node: Node, plugin: str) -> tuple[str, int]:
+    host, port = node.status()[plugin]["listening"][0].split(":")
+    return host, int(port)
+
+
+async def test_an_added_image_is_committed_and_served_by_name_over_http_and_tftp(tmp_path):
+    data = random.Random(1).randbytes(150_000)
+    (tmp_path / "a.img").write_bytes(data)
+    with trio.fail_after(LIMIT):
+        async with running(tmp_path) as (node, images):
+            added = await call(node, "images.add", name="debian", file=str(tmp_path / "a.img"))
+            assert added["image"] == "debian@1" and added["committed"] is True
+            envelope = node.state.get(HEADS_NS, "debian@1")
+            state = images.stores[node]
+            assert open_untrusted(envelope, state._trust).sha256.hex() == added["sha256"]
+            reply = await fetch(listening(node, "httpboot"), "GET", "/images/debian")
+            assert reply.status == 200 and reply.body == data
+            assert (await fetch(listening(node, "httpboot"), "GET", "/images/other")).status == 404
+            got = await tftp_fetch(listening(node, "tftp"), "images/debian", {"blksize": "1468"})
+            assert got.complete and got.data == data
+            (tmp_path / "a.img").write_bytes(data[:1000] + b"new" + data[1000:])
+            await call(node, "images.add", name="debian", file=str(tmp_path / "a.img"))
+            reply = await fetch(listening(node, "httpboot"), "GET", "/images/debian")
+            assert reply.body == data[:1000] + b"new" + data[1000:]  # the new version is served
+        async with running(tmp_path) as (node, images):  # again after a restart
+            listed = await call(node, "images.list")
+            assert [v["version"] for v in listed[0]["versions"]] == ["1", "2"]
+            assert listed[0]["current"] == "2"
+            assert node.status()["images"]["missing"] == []
+
+
+async def test_a_damaged_image_fails_verify_with_a_reason(tmp_path):
+    (tmp_path / "a.img").write_bytes(os.urandom(60_000))
+    with trio.fail_after(LIMIT):
+        async with running(tmp_path) as (node, _):
+            await call(node, "images.add", name="k", file=str(tmp_path / "a.img"), version="v1")
+            assert (await call(node, "images.verify", name="k")) == {"image": "k@v1", "ok": True}
+            path = Path((await call(node, "images.show", name="k"))["path"])
+            os.chmod(path, 0o644)
+            with open(path, "r+b") as f:
+                f.write(b"\0\0\0\0")
+            with pytest.raises(RackbootError, match="k@v1 is damaged: chunk 0"):
+                await call(node, "images.verify", name="k")
