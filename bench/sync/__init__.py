@@ -1,0 +1,1 @@
+"""bench.sync: syncing a boot image and its edited versions between appliances, vs rsync."""
