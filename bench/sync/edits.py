@@ -13,8 +13,8 @@ The versions an operator would publish, each from the previous one::
 
     v1 (the base) --overwrite--> v2 --insert--> v3 --scatter--> v4
 
-* ``overwrite``: 1 MiB of new bytes at the middle of the image (same size);
-* ``insert``: 1,000 new bytes at 64 KiB: everything after them shifts by 1,000;
+* ``overwrite``: 1 MiB of new bytes at the middle of the image + 36 KiB (same size);
+* ``insert``: 1,000 new bytes at 66,000 (~64 KiB): everything after shifts by 1,000;
 * ``scatter``: 20 new 4 KiB blocks at seeded, 4 KiB-aligned, distinct offsets.
 
 The random bytes are an AES-128-CTR keystream keyed by (seed, purpose): fast
@@ -38,8 +38,11 @@ KIB = 1 << 10
 BLOCK = 4096  # segments and scattered writes are aligned to it, as a filesystem's blocks
 DEFAULT_SEED = 17  # issue 17
 
+# Offsets on no power-of-two boundary above 4 KiB: an edit aligned to a sync's block
+# size (rsync's is sqrt(size) rounded, 32 KiB for 1 GiB) would flatter it.
 OVERWRITE_LENGTH = MIB
-INSERT_OFFSET = 64 * KIB
+OVERWRITE_PAST_MIDDLE = 36 * KIB  # the overwrite starts here past the middle: 4 KiB-aligned
+INSERT_OFFSET = 66_000  # ~64 KiB, inside a file rather than at a block's start
 INSERT_LENGTH = 1000
 SCATTER_COUNT = 20
 SCATTER_SIZE = 4096
@@ -159,6 +162,11 @@ def overwrite(src: Path, dst: Path, offset: int, length: int, seed: int) -> list
     return [(offset, length)]
 
 
+def overwrite_offset(size: int) -> int:
+    """Where the ``overwrite`` edit of a ``size``-byte image starts: in the middle."""
+    return size // 2 + OVERWRITE_PAST_MIDDLE
+
+
 def insert_data(seed: int, length: int = INSERT_LENGTH) -> bytes:
     """The inserted bytes of the ``insert`` edit."""
     return random_bytes(seed, "insert", length)
@@ -239,7 +247,7 @@ def build_versions(
         p.parent.mkdir(parents=True, exist_ok=True)
     write_image(paths["v1"], size, seed)
     versions = {"v1": Version("v1", paths["v1"], "base", [(0, size)])}
-    ranges = overwrite(paths["v1"], paths["v2"], size // 2, OVERWRITE_LENGTH, seed)
+    ranges = overwrite(paths["v1"], paths["v2"], overwrite_offset(size), OVERWRITE_LENGTH, seed)
     versions["v2"] = Version("v2", paths["v2"], "overwrite", ranges)
     ranges = insert(paths["v2"], paths["v3"], INSERT_OFFSET, insert_data(seed))
     versions["v3"] = Version("v3", paths["v3"], "insert", ranges)

@@ -138,7 +138,8 @@ def test_versions_chain(tmp_path):
     assert [v.edit for v in versions.values()] == ["base", "overwrite", "insert", "scatter"]
     v1, v2, v3, v4 = (versions[n].path.read_bytes() for n in ("v1", "v2", "v3", "v4"))
     assert all(versions[n].path.name == "boot.img" for n in versions)
-    mid = SIZE // 2
+    mid = edits.overwrite_offset(SIZE)
+    assert mid % 4096 == 0 and mid % 32768 != 0
     assert versions["v2"].ranges == [(mid, MIB)]
     assert v2[:mid] == v1[:mid] and v2[mid + MIB :] == v1[mid + MIB :] and v2 != v1
     off = edits.INSERT_OFFSET
@@ -151,3 +152,38 @@ def test_versions_chain(tmp_path):
     assert versions["v4"].sha256 == edits.sha256_file(versions["v4"].path)
     again = edits.build_versions(tmp_path / "again", SIZE, seed=2)
     assert [v.sha256 for v in again.values()] == [v.sha256 for v in versions.values()]
+
+
+RSYNC_STATS = """
+Number of files: 1 (reg: 1)
+Number of created files: 0
+Number of deleted files: 0
+Number of regular files transferred: 1
+Total file size: 67,109,864 bytes
+Total transferred file size: 67,109,864 bytes
+Literal data: 1,000 bytes
+Matched data: 67,108,864 bytes
+File list size: 51
+File list generation time: 0.001 seconds
+File list transfer time: 0.000 seconds
+Total bytes sent: 57,387
+Total bytes received: 33,869
+
+sent 57,387 bytes  received 33,869 bytes  60,837.33 bytes/sec
+total size is 67,109,864  speedup is 735.38
+"""
+
+
+def test_rsync_stats_are_parsed():
+    from bench.sync.cli import parse_stats
+
+    assert parse_stats(RSYNC_STATS) == {
+        "literal_data": 1000,
+        "matched_data": 67_108_864,
+        "bytes_sent": 57_387,
+        "bytes_received": 33_869,
+        "file_list_size": 51,
+        "transferred_file_size": 67_109_864,
+    }
+    with pytest.raises(RuntimeError):
+        parse_stats("sent 1 bytes  received 2 bytes")

@@ -1,0 +1,3 @@
+from bench.sync.cli import main
+
+raise SystemExit(main())
