@@ -25,7 +25,11 @@ namespace before and after: frames as the veth counts them, Ethernet + IP + TCP
 headers included; with GRO/GSO a header per aggregate, not per 1500-byte frame,
 and an IPv6 router solicitation or ARP in the window is counted too); and the
 system's own figures (rsync's ``--stats``: literal data, matched data, bytes sent
-and received). The medians of ``--repeats`` runs are reported.
+and received); and the busy seconds of the server's and the client's vCPUs during the
+sync (``/proc/stat``, softirq included, steal not; anything else on those vCPUs
+counts too: other processes' CPU over the whole run is reported) and their steal
+time (the hypervisor running someone else: this VM's host is shared). The medians of ``--repeats``
+runs are reported.
 
 Page cache: **not dropped**, on either side, for every system alike. The versions
 are in the cache from their generation (24 GB of RAM here) and stay there, so a
@@ -259,6 +263,9 @@ class Run:
     tx: int  # bytes it sent
     rx_packets: int
     tx_packets: int
+    server_vcpu_s: float  # busy seconds of --server-cpu's vCPUs meanwhile (softirq included)
+    client_vcpu_s: float  # and of --client-cpu's
+    steal_s: float  # both vCPUs' steal time meanwhile: the host gave them to someone else
     figures: dict = field(default_factory=dict)  # the system's own
 
     @property
@@ -275,19 +282,42 @@ def counters(host) -> tuple[int, int, int, int]:
     return values[0], values[1], values[2], values[3]
 
 
+def cpu_seconds(cpulist: str) -> tuple[float, float]:
+    """(busy, steal) seconds so far of the CPUs in a taskset list like '0' or '0,1'.
+
+    busy: everything but idle, iowait and steal (softirq included: the packets' path
+    through veth and bridge is charged to no process). steal: time the hypervisor
+    ran something else while this vCPU wanted to run (a shared host's contention).
+    """
+    wanted = {f"cpu{c}" for c in cpulist.split(",")}
+    busy = steal = 0
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *values = line.split()
+        if name in wanted:
+            v = [int(x) for x in values]
+            busy += sum(v[:8]) - v[3] - v[4] - v[7]  # guest time is already in user
+            steal += v[7]
+    hz = os.sysconf("SC_CLK_TCK")
+    return busy / hz, steal / hz
+
+
 def measure(ctx: Context, system: System, step: Step) -> Run:
     system.prepare(step)
     os.sync()
     before = counters(ctx.dst)
+    busy0 = (*cpu_seconds(ctx.server_cpu), *cpu_seconds(ctx.client_cpu))
     t0 = time.monotonic()
     figures = system.sync(step)
     seconds = time.monotonic() - t0
+    busy1 = (*cpu_seconds(ctx.server_cpu), *cpu_seconds(ctx.client_cpu))
     after = counters(ctx.dst)
     rx, tx, rxp, txp = (b - a for a, b in zip(before, after, strict=True))
     got = edits.sha256_file(system.result(step))
     if got != ctx.versions[step.version].sha256:
         raise RuntimeError(f"{system.name} {step.scenario}: dst's copy differs from {step.version}")
-    return Run(seconds, rx, tx, rxp, txp, figures)
+    server, server_steal, client, client_steal = (b - a for a, b in zip(busy0, busy1, strict=True))
+    steal = server_steal + client_steal
+    return Run(seconds, rx, tx, rxp, txp, server, client, steal, figures)
 
 
 def load_average() -> list[float]:
@@ -350,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
                         run = measure(ctx, started[name], Step(scenario, version, basis))
                         runs[scenario][name].append(run)
                         print(f"  repeat {i + 1} {name:8} {scenario:9} {run.seconds:7.2f} s  "
-                              f"wire {run.wire:>13,} B (rx {run.rx:,}, tx {run.tx:,})",
+                              f"wire {run.wire:>13,} B (rx {run.rx:,}, tx {run.tx:,})  "
+                              f"vCPU busy s: server {run.server_vcpu_s:.2f}, "
+                              f"client {run.client_vcpu_s:.2f}, steal {run.steal_s:.2f}",
                               flush=True)  # fmt: skip
             busy, hogs = others.stop()
             load.append(load_average())
@@ -390,10 +422,11 @@ def report(scenario: str, plan: tuple[str, str | None], runs: dict[str, list[Run
     version, basis = plan
     print(f"\n## {scenario}: dst {'has nothing' if basis is None else 'holds ' + basis} "
           f"-> {version}  (medians; bytes)")  # fmt: skip
-    head = f"{'system':8} {'wire rx+tx':>13} {'rx':>13} {'tx':>11} {'seconds':>8}"
+    head = f"{'system':8} {'wire rx+tx':>13} {'rx':>13} {'tx':>11} {'seconds':>8} {'vCPU s':>10}"
     if scenario == "full":
         head += f" {'MiB/s':>7}"
     print(head + "   own figures (rsync --stats: literal, matched, sent, received)")
+    print("  (vCPU s: busy seconds of the server's vCPU + the client's, softirq included)")
     out: dict[str, Any] = {}
     for name, rs in runs.items():
         med = {
@@ -403,12 +436,15 @@ def report(scenario: str, plan: tuple[str, str | None], runs: dict[str, list[Run
             "tx": statistics.median(r.tx for r in rs),
             "rx_packets": statistics.median(r.rx_packets for r in rs),
             "tx_packets": statistics.median(r.tx_packets for r in rs),
+            "server_vcpu_s": statistics.median(r.server_vcpu_s for r in rs),
+            "client_vcpu_s": statistics.median(r.client_vcpu_s for r in rs),
+            "steal_s": statistics.median(r.steal_s for r in rs),
         }
         keys = rs[0].figures.keys()
         own = {k: statistics.median(r.figures[k] for r in rs) for k in keys}
         entry = {"median": med, "own_median": own, "runs": [asdict(r) for r in rs]}
         line = (f"{name:8} {med['wire']:>13,.0f} {med['rx']:>13,.0f} {med['tx']:>11,.0f} "
-                f"{med['seconds']:>8.2f}")  # fmt: skip
+                f"{med['seconds']:>8.2f} {med['server_vcpu_s']:>4.2f}+{med['client_vcpu_s']:<4.2f}")  # fmt: skip
         if scenario == "full":
             entry["mib_per_s"] = size / MIB / med["seconds"]
             line += f" {entry['mib_per_s']:>7.1f}"
