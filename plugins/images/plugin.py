@@ -21,18 +21,22 @@ from typing import TYPE_CHECKING, Any
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from appliance.api import Bool, CliCommand, Field, Int, Section, Service, Str, hookimpl
+from appliance.api import Bool, CliCommand, Field, Int, List, Section, Service, Str, hookimpl
 from appliance.cluster import pki
 from appliance.cluster.files import write_atomically
 from appliance.control import ControlRequestError
 from appliance.errors import ConfigError
+from appliance.ha.schema import parse_member
 from appliance.logs import get_logger
 from appliance.state.store import NotWriter
 from plugins.httpboot.messages import Request, Response, Route
 
-from .manifest import BadManifest, Head, Params, public_raw, seal
+from .follow import CURRENT_NS, HEADS_NS, Follower
+from .manifest import BadManifest, Head, Params, diff, encode_delta, public_raw, seal
+from .peer import Peer
 from .render import render_added, render_list, render_removed, render_show, render_verified
 from .store import ImageError, ImageStore
+from .sync import Syncer
 
 if TYPE_CHECKING:
     from appliance.config import Config
@@ -40,7 +44,7 @@ if TYPE_CHECKING:
 
 log = get_logger("images")
 
-HEADS_NS, CURRENT_NS = "images", "images.current"
+
 SERVED_PREFIX = "images/"  # TFTP: images/NAME; HTTP: /images/NAME
 LOCAL_KEY = "local-signing.key"
 
@@ -67,6 +71,20 @@ SECTION = Section(
         "max_chunk": Field(
             Int(min=1024, max=16 << 20), default=256 * 1024, doc="Largest chunk in bytes."
         ),  # fmt: skip
+        "peers": Field(
+            List(
+                Str(r"[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}", "a 'host:port' address", max_len=260),
+                max_items=16,
+            ),
+            default=(),
+            doc="HTTP boot servers of the appliances to sync images from ('host:port'); "
+            "empty: the hosts of [ha] peers, at this node's [httpboot] port.",
+        ),
+        "max_rate": Field(
+            Int(min=0, max=1 << 40),
+            default=0,
+            doc="Bytes per second a sync may fetch, all peers together (0: no limit).",
+        ),
         "keep_versions": Field(
             Int(min=1, max=1000),
             default=2,
@@ -127,8 +145,14 @@ class ImagesPlugin:
     @hookimpl(optionalhook=True)
     def httpboot_routes(self, node: Node) -> list[Route] | None:
         state = self.stores.get(node)
-        return None if state is None else [
-            Route("GET", "/images/{name}", state.http_image, name="images")]  # fmt: skip
+        if state is None:
+            return None
+        return [
+            # _table first: "_table" is no image name, but {name}/{version} would match it
+            Route("GET", "/images/_table/{digest}", state.http_table, name="image-tables"),
+            Route("GET", "/images/{name}/{version}", state.http_version, name="image-versions"),
+            Route("GET", "/images/{name}", state.http_image, name="images"),
+        ]
 
     @hookimpl
     def rackboot_cli_commands(self) -> list[CliCommand]:
@@ -193,6 +217,19 @@ def _absolute(path: str) -> str:
     return os.path.abspath(path)  # the node runs elsewhere: the CLI's cwd means nothing there
 
 
+def sync_peers(node: Node) -> list[Peer]:
+    """The HTTP servers to sync from: ``[images] peers``, else the hosts of ``[ha] peers``
+    at this node's httpboot port (the rack's appliances share one configuration)."""
+    listed = node.config["images"].peers
+    if not listed:
+        httpboot = node.config.sections.get("httpboot")
+        port = httpboot.port if httpboot is not None else 80
+        listed = [
+            f"{parse_member(m)[1].rpartition(':')[0]}:{port}" for m in node.config["ha"].peers
+        ]
+    return [Peer(host, int(port)) for host, _, port in (a.rpartition(":") for a in listed)]
+
+
 def _params(settings: Any) -> Params:
     return Params(settings.min_chunk, settings.avg_chunk, settings.max_chunk)
 
@@ -207,6 +244,8 @@ class _Node:
         self.store = ImageStore(root, self._trust)
         self.local_key: Ed25519PrivateKey | None = None
         self.lock = trio.Lock()  # one writer of the store at a time
+        self.syncer = Syncer(self.store, rate=float(self.settings.max_rate))
+        self.follower = Follower(node.state, self.store, self.syncer, sync_peers(node), self.lock)
 
     async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if not self.settings.root:
@@ -216,7 +255,7 @@ class _Node:
             log.warning("image version refused", detail=problem)
         log.info("image store", root=str(self.store.root), images=len(self.store.images))
         task_status.started()
-        await trio.sleep_forever()
+        await self.follower.run()
 
     def _load(self) -> None:
         self.store.root.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -270,14 +309,29 @@ class _Node:
     def http_image(self, request: Request) -> Response:
         """The current version of an image, whole (Range and conditional requests are
         the server's); only names in the store, never a path built from the request."""
-        path = self.store.served_path(request.params["name"])
-        if path is None:
+        return _file(self.store.served_path(request.params["name"]))
+
+    def http_version(self, request: Request) -> Response:
+        """One complete version: what a peer's sync fetches runs of chunks from."""
+        versions = self.store.images.get(request.params["name"], {})
+        found = versions.get(request.params["version"])
+        return _file(None if found is None else found.path)
+
+    def http_table(self, request: Request) -> Response:
+        """A chunk table by digest; ``?base=DIGEST`` of a table the caller holds: the delta
+        against it instead (header ``x-rackboot-delta-base``). Checked by the caller."""
+        wanted = {v.head.table.hex(): v.table for vs in self.store.images.values()
+                  for v in vs.values()}  # fmt: skip
+        table = wanted.get(request.params["digest"])
+        if table is None:
             return Response.error(404)
-        try:
-            handle = open(path, "rb")  # noqa: SIM115 (the server closes it after sending)
-        except OSError:  # removed meanwhile (gc): as if it had never been there
-            return Response.error(404)
-        return Response.file(handle, os.fstat(handle.fileno()), b"application/octet-stream")
+        base_hex = request.query.decode("ascii", "replace").removeprefix("base=")
+        base = wanted.get(base_hex)
+        if base is not None:
+            body = encode_delta(table.params, diff(base, table))
+            return Response(200, [(b"content-type", b"application/octet-stream"),
+                                  (b"x-rackboot-delta-base", base_hex.encode())], body)  # fmt: skip
+        return Response(200, [(b"content-type", b"application/octet-stream")], table.encode())
 
     # -- control handlers -----------------------------------------------------------
 
@@ -285,13 +339,13 @@ class _Node:
         name, path, version = _text(args, "name"), _text(args, "file"), args.get("version")
         if version is not None and not isinstance(version, str):
             raise ControlRequestError("version must be text")
-        async with self.lock:
+        async with self.lock:  # with the commit: the follower reads the rack's choice after
             found = await self._store_call(
                 self.store.add, name, Path(path), version, _params(self.settings), self._seal,
                 time.time(),
             )  # fmt: skip
-        committed = await self._commit({found.head.key: found.envelope},
-                                       {name: found.head.version})  # fmt: skip
+            committed = await self._commit({found.head.key: found.envelope},
+                                           {name: found.head.version})  # fmt: skip
         log.info("image added", image=found.head.key, bytes=found.head.size,
                  chunks=found.head.chunks, committed=committed)  # fmt: skip
         return {**_head_json(found.head), "committed": committed}
@@ -328,11 +382,11 @@ class _Node:
 
     async def remove(self, args: dict[str, Any]) -> dict[str, Any]:
         found = self._get(args)
-        async with self.lock:
-            await self._store_call(self.store.remove, found.head.name, found.head.version)
         name = found.head.name
-        committed = await self._commit({found.head.key: None},
-                                       {name: self.store.current.get(name)})  # fmt: skip
+        async with self.lock:
+            await self._store_call(self.store.remove, name, found.head.version)
+            committed = await self._commit({found.head.key: None},
+                                           {name: self.store.current.get(name)})  # fmt: skip
         return {"removed": [found.head.key], "committed": committed}
 
     async def gc(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -341,8 +395,8 @@ class _Node:
             raise ControlRequestError("keep must be a whole number >= 1")
         async with self.lock:
             removed = await self._store_call(self.store.gc, keep)
-        gone = {key: None for key in removed if "@" in key and " " not in key}
-        committed = await self._commit(gone, {}) if gone else True
+            gone = {key: None for key in removed if "@" in key and " " not in key}
+            committed = await self._commit(gone, {}) if gone else True
         return {"removed": removed, "committed": committed}
 
     # -- helpers ------------------------------------------------------------------
@@ -381,6 +435,11 @@ class _Node:
         committed = {key for key, value in self.node.state.scan(HEADS_NS) if value is not None}
         local = {f"{n}@{v}" for n, vs in store.images.items() for v in vs}
         return {
+            "sync": {
+                **self.syncer.stats.as_dict(),
+                "peers": [str(p) for p in self.follower.peers],
+                "failing": dict(self.follower.failing),
+            },  # fmt: skip
             "root": str(store.root),
             "images": {name: store.current.get(name) for name in sorted(store.images)},
             "versions": len(local),
@@ -409,3 +468,13 @@ def _head_json(head: Head) -> dict[str, Any]:
 
 
 plugin = ImagesPlugin()
+
+
+def _file(path: Path | None) -> Response:
+    if path is None:
+        return Response.error(404)
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 (the server closes it after sending)
+    except OSError:  # removed meanwhile (gc): as if it had never been there
+        return Response.error(404)
+    return Response.file(handle, os.fstat(handle.fileno()), b"application/octet-stream")

@@ -69,7 +69,7 @@ class ImageStore:
     def load(self) -> None:
         """Read every head, keep the versions whose signature, table and file check out
         (the file's length; :meth:`verify` reads it all), and the current links."""
-        for sub in ("heads", "tables", "files", "current", "tmp"):
+        for sub in ("heads", "tables", "files", "current", "tmp", "partial"):
             (self.root / sub).mkdir(mode=0o755, parents=True, exist_ok=True)
         shutil.rmtree(self.root / "tmp", ignore_errors=True)
         (self.root / "tmp").mkdir(mode=0o755, exist_ok=True)
@@ -94,7 +94,7 @@ class ImageStore:
 
     def _read_version(self, envelope: bytes) -> Version:
         head = open_head_untrusted(envelope, self.trust)
-        table = decode_table_untrusted(self._table_path(head.table).read_bytes(), head.table)
+        table = decode_table_untrusted(self.table_path(head.table).read_bytes(), head.table)
         if len(table.ids) != head.chunks or table.size != head.size or table.params != head.params:
             raise BadManifest("the chunk table does not describe the head's image")
         path = self._file_path(head.name, head.version)
@@ -156,7 +156,7 @@ class ImageStore:
             _fsync_dir(path.parent)
         finally:
             tmp.unlink(missing_ok=True)
-        self._write(self._table_path(head.table), table.encode())
+        self.save_table(table)
         self._write(self._head_path(name, version), envelope)
         found = Version(head, envelope, table, path)
         self.images.setdefault(name, {})[version] = found
@@ -209,6 +209,43 @@ class ImageStore:
         (self.root / "tmp").mkdir(mode=0o755, exist_ok=True)
         return removed
 
+    def adopt(self, envelope: bytes, table: Table, partial: Path) -> Version:
+        """A version assembled by a sync (``partial``, checked whole by the caller): made
+        read-only and renamed in, its head written last, like :meth:`add`."""
+        head = open_head_untrusted(envelope, self.trust)
+        os.chmod(partial, 0o444)
+        path = self._file_path(head.name, head.version)
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.replace(partial, path)
+        _fsync_dir(path.parent)
+        self.save_table(table)
+        self._write(self._head_path(head.name, head.version), envelope)
+        found = Version(head, envelope, table, path)
+        self.images.setdefault(head.name, {})[head.version] = found
+        if head.name not in self.current:
+            self._set_current(head.name, head.version)
+        self._reindex()
+        return found
+
+    def set_current(self, name: str, version: str) -> bool:
+        """Serve ``version`` of ``name`` (the rack's choice); False if not held here."""
+        if version not in self.images.get(name, {}):
+            return False
+        if self.current.get(name) != version:
+            self._set_current(name, version)
+        return True
+
+    def save_table(self, table: Table) -> None:
+        path = self.table_path(table.digest())
+        if not path.exists():
+            self._write(path, table.encode())
+
+    def table_path(self, digest: bytes) -> Path:
+        return self.root / "tables" / digest.hex()
+
+    def partial_path(self, name: str, version: str) -> Path:
+        return self.root / "partial" / name / version
+
     # -- internals ----------------------------------------------------------------
 
     def _newest(self, name: str) -> str:
@@ -239,9 +276,6 @@ class ImageStore:
         _fsync(tmp)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-
-    def _table_path(self, digest: bytes) -> Path:
-        return self.root / "tables" / digest.hex()
 
     def _head_path(self, name: str, version: str) -> Path:
         return self.root / "heads" / name / f"{version}.head"

@@ -51,6 +51,7 @@ SANS_IO = [
     "plugins.httpboot.events",
     "plugins.images.manifest",
     "plugins.images.render",
+    "plugins.images.plan",
     "appliance.cluster.pki",
     "appliance.cluster.jointoken",
     "appliance.cluster.wire",

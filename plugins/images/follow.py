@@ -1,0 +1,107 @@
+"""Keeping a node's store equal to what the rack committed (trio shell).
+
+Two changefeeds of the state log drive it: ``images`` (``NAME@VERSION`` -> the
+signed head, or deleted) and ``images.current`` (``NAME`` -> the version
+served). A head committed that this node lacks is synced from its peers
+(sync.py), the versions the rack serves first; a head deleted is removed here
+too; the version served follows the rack's choice once it is held here.
+A version added on this node and not committed (a standby's) is left alone.
+A sync that fails is tried again after ``RETRY`` seconds, or at the next change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from appliance.logs import get_logger
+from appliance.state.store import Change, Reset
+
+from .peer import Peer
+from .store import ImageError, ImageStore
+from .sync import Syncer, SyncError
+
+log = get_logger("images.sync")
+
+HEADS_NS, CURRENT_NS = "images", "images.current"
+RETRY = 30.0
+
+
+class Follower:
+    def __init__(self, state: Any, store: ImageStore, syncer: Syncer, peers: list[Peer],
+                 lock: trio.Lock) -> None:  # fmt: skip
+        self.state, self.store, self.syncer, self.peers, self.lock = (
+            state,
+            store,
+            syncer,
+            peers,
+            lock,
+        )
+        self.committed: dict[str, bytes] = {}  # NAME@VERSION -> signed head
+        self.current: dict[str, str] = {}  # NAME -> version, as the rack serves it
+        self.deleted: set[str] = set()
+        self.changed = trio.Event()
+        self.failing: dict[str, str] = {}  # NAME@VERSION -> why its last sync failed
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._follow, HEADS_NS, self.committed)
+            nursery.start_soon(self._follow, CURRENT_NS, self.current)
+            nursery.start_soon(self._reconcile)
+
+    async def _follow(self, ns: str, table: dict[str, Any]) -> None:
+        async for change in self.state.subscribe(ns):
+            if isinstance(change, Reset):
+                gone = set(table) - set(change.items)
+                table.clear()
+                table.update({k: v for k, v in change.items.items() if v is not None})
+            elif isinstance(change, Change):
+                gone = {change.key} if change.value is None else set()
+                if change.value is None:
+                    table.pop(change.key, None)
+                else:
+                    table[change.key] = change.value
+            if ns == HEADS_NS:
+                self.deleted |= gone
+            self.changed.set()
+
+    def missing(self) -> list[str]:
+        """Committed versions this node lacks, the ones the rack serves first."""
+        held = {f"{n}@{v}" for n, versions in self.store.images.items() for v in versions}
+        served = {f"{n}@{v}" for n, v in self.current.items()}
+        return sorted(set(self.committed) - held, key=lambda key: (key not in served, key))
+
+    async def _reconcile(self) -> None:
+        while True:
+            self.changed = trio.Event()
+            retry = False
+            async with self.lock:
+                await self._remove_deleted()
+                for key in self.missing():
+                    try:
+                        await self.syncer.fetch(self.committed[key], self.peers)
+                        self.failing.pop(key, None)
+                    except SyncError as exc:
+                        self.failing[key] = str(exc)
+                        self.syncer.stats.last_error = str(exc)
+                        log.warning("image not synced", image=key, error=str(exc))
+                        retry = True
+                # The table as committed now, not as the feed has told it so far: an add
+                # on this node commits its version under the same lock.
+                for name, version in list(self.state.scan(CURRENT_NS)):
+                    if version is not None:
+                        await trio.to_thread.run_sync(self.store.set_current, name, version)
+            with trio.move_on_after(RETRY if retry else float("inf")):
+                await self.changed.wait()
+
+    async def _remove_deleted(self) -> None:
+        deleted, self.deleted = self.deleted, set()
+        for key in deleted - set(self.committed):
+            name, _, version = key.partition("@")
+            if version in self.store.images.get(name, {}):
+                try:
+                    await trio.to_thread.run_sync(self.store.remove, name, version)
+                    log.info("image version removed, as the rack did", image=key)
+                except (ImageError, OSError) as exc:
+                    log.warning("image version not removed", image=key, error=str(exc))

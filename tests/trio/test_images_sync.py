@@ -1,0 +1,153 @@
+"""Syncing image versions from peers (plugins/images/sync.py) over real loopback HTTP:
+the peers are nodes serving their stores; the receiver is a store and a Syncer. Every
+test bounded; sizes small (the chunker's parameters scaled down)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from appliance.cluster import pki
+from appliance.node import Node
+from plugins.httpboot.plugin import HttpBootPlugin
+from plugins.images.manifest import BadManifest, public_raw, seal
+from plugins.images.peer import Peer
+from plugins.images.plugin import ImagesPlugin
+from plugins.images.store import ImageStore
+from plugins.images.sync import Syncer, SyncError
+from tests.support.plugins import configured
+
+LIMIT = 30
+CHUNKS = {"min_chunk": 1024, "avg_chunk": 4096, "max_chunk": 16384}
+
+
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path, name: str, key: Ed25519PrivateKey) -> AsyncIterator[tuple]:
+    """A node whose store signs with ``key``; yields (node, its images state, Peer)."""
+    root = tmp_path / name / "images"
+    root.mkdir(parents=True)
+    (root / "local-signing.key").write_bytes(pki.key_to_pem(key))
+    images = ImagesPlugin()
+    document = {"httpboot": {"port": 0}, "images": {**CHUNKS, "root": str(root)},
+                "node": {"data_dir": str(tmp_path / name / "data")}}  # fmt: skip
+    config, pm = configured(tmp_path, document, images=images, httpboot=HttpBootPlugin())
+    node = Node(config, pm)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: node.run(handle_signals=False, task_status=task_status)
+        )
+        host, port = node.status()["httpboot"]["listening"][0].split(":")
+        yield node, images.stores[node], Peer(host, int(port))
+        node.request_stop("test")
+
+
+def receiver(tmp_path: Path, key: Ed25519PrivateKey, **kw) -> Syncer:
+    def trust(cert_der, public, head):
+        if cert_der or public != public_raw(key.public_key()):
+            raise BadManifest("not the test's key")
+        return key.public_key()
+
+    store = ImageStore(tmp_path / "receiver", trust)
+    store.load()
+    return Syncer(store, **kw)
+
+
+async def add(state, tmp_path: Path, data: bytes, version: str) -> bytes:
+    path = tmp_path / f"src-{version}"
+    path.write_bytes(data)
+    result = await state.add({"name": "img", "file": str(path), "version": version})
+    return state.store.images["img"][result["version"]].envelope
+
+
+def disk_like(size: int, seed: int) -> bytes:
+    rng = random.Random(seed)
+    out = bytearray()
+    while len(out) < size:  # random runs and zero runs, as a filesystem image has
+        out += rng.randbytes(rng.randint(20_000, 80_000)) + bytes(rng.randint(0, 60_000))
+    return bytes(out[:size])
+
+
+async def test_a_first_sync_then_an_edit_moves_only_the_changed_chunks(tmp_path):
+    key = Ed25519PrivateKey.generate()
+    base = disk_like(600_000, 1)
+    with trio.fail_after(LIMIT):
+        async with serving(tmp_path, "a", key) as (_, a, peer):
+            envelope = await add(a, tmp_path, base, "1")
+            syncer = receiver(tmp_path, key)
+            got = await syncer.fetch(envelope, [peer])
+            assert got.path.read_bytes() == base and oct(got.path.stat().st_mode)[-3:] == "444"
+            first = dataclasses.replace(syncer.stats)
+            assert first.chunks_zero > 0 and first.bytes_fetched < len(base)  # zeros stay local
+            edited = base[:100_000] + b"x" * 1000 + base[100_000:]
+            envelope = await add(a, tmp_path, edited, "2")
+            got = await syncer.fetch(envelope, [peer])
+            assert got.path.read_bytes() == edited
+            fetched = syncer.stats.bytes_fetched - first.bytes_fetched
+            assert fetched <= 3 * 16384  # the chunks around the insertion, nothing else
+            assert syncer.stats.chunks_seeded > 0
+            table_delta = syncer.stats.table_bytes - first.table_bytes
+            assert table_delta < len(got.table.encode()) / 4  # the table came as a delta
+
+
+async def test_a_bad_chunk_from_one_peer_is_refused_and_fetched_from_another(tmp_path):
+    key = Ed25519PrivateKey.generate()
+    data = os.urandom(300_000)
+    with trio.fail_after(LIMIT):
+        async with (
+            serving(tmp_path, "a", key) as (_, a, peer_a),
+            serving(tmp_path, "c", key) as (_, c, peer_c),
+        ):
+            envelope = await add(a, tmp_path, data, "1")
+            await c.syncer.fetch(envelope, [peer_a])  # c holds it too now
+            path = a.store.images["img"]["1"].path
+            os.chmod(path, 0o644)
+            with open(path, "r+b") as f:  # a's copy is damaged from byte 1,000 on
+                f.seek(1000)
+                f.write(b"\xff" * 100)
+            syncer = receiver(tmp_path, key)
+            got = await syncer.fetch(envelope, [peer_a, peer_c])
+            assert got.path.read_bytes() == data
+            assert syncer.stats.refused["chunk"] == 1
+
+
+async def test_a_forged_head_is_refused_and_no_peer_means_an_error(tmp_path):
+    key, forger = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    with trio.fail_after(LIMIT):
+        async with serving(tmp_path, "a", key) as (_, a, peer):
+            envelope = await add(a, tmp_path, os.urandom(50_000), "1")
+            head = a.store.images["img"]["1"].head
+            forged = seal(dataclasses.replace(head, version="9"), forger)
+            syncer = receiver(tmp_path, key)
+            with pytest.raises(SyncError, match="refused a head"):
+                await syncer.fetch(forged, [peer])
+            assert syncer.stats.refused["head"] == 1
+            with pytest.raises(SyncError, match="no peer gave its chunk table"):
+                await syncer.fetch(envelope, [Peer("127.0.0.1", 9)])  # nobody there
+            assert "img" not in syncer.store.images
+
+
+async def test_an_interrupted_sync_resumes_without_fetching_again_what_it_had(tmp_path):
+    key = Ed25519PrivateKey.generate()
+    data = os.urandom(400_000)
+    with trio.fail_after(LIMIT):
+        async with serving(tmp_path, "a", key) as (_, a, peer):
+            envelope = await add(a, tmp_path, data, "1")
+            # 100 kB/s and a bitmap saved every 20 kB: cut off after about 2 s
+            syncer = receiver(tmp_path, key, rate=100_000, save_every=20_000)
+            with trio.move_on_after(2):
+                await syncer.fetch(envelope, [peer])
+            before = syncer.stats.bytes_fetched
+            assert 0 < before < len(data) and "img" not in syncer.store.images
+            again = Syncer(syncer.store)  # as after a restart: a new syncer, the same disk
+            got = await again.fetch(envelope, [peer])
+            assert got.path.read_bytes() == data and again.stats.resumed == 1
+            # the saved chunks were not fetched again (at most what followed the last save)
+            assert again.stats.bytes_fetched <= len(data) - before + 20_000 + 16384
