@@ -64,14 +64,15 @@ _NO_SPACE = r"[^\s]*"
 _PROFILE = {
     "name": Field(Str(_NAME, "a profile name (letters, digits, _ . -)"), example="default"),
     "kernel": Field(
-        Str(_NO_SPACE, "a file name under root or an http:// URL, without spaces"),
+        Str(_NO_SPACE, "a file name under root, image:NAME or an http:// URL, without spaces"),
         default="vmlinuz",
-        doc="Kernel: a name under root (served at /boot/NAME), an absolute URL, or '' for the local disk.",
+        doc="Kernel: a name under root (served at /boot/NAME), image:NAME (the image store's "
+        "current version, /images/NAME), an absolute URL, or '' for the local disk.",
     ),
     "initrd": Field(
-        List(Str(r"[^\s]+", "a file name under root or an http:// URL")),
+        List(Str(r"[^\s]+", "a file name under root, image:NAME or an http:// URL")),
         default=(),
-        doc="Initrds, in order (names under root or URLs).",
+        doc="Initrds, in order (names under root, image:NAME, or URLs).",
     ),
     "cmdline": Field(
         Str(r"[^\r\n]*", "one line of kernel parameters"),

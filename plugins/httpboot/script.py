@@ -16,12 +16,14 @@ from urllib.parse import quote
 from .identity import url_mac
 
 BOOT_PREFIX = "/boot/"
+IMAGE = "image:"  # a profile's file named as an image of the store: image:NAME
+IMAGES_PREFIX = "/images/"
 
 
 @dataclass(frozen=True)
 class Profile:
     name: str
-    kernel: str  # a name under the root, an absolute URL, or "" for the local disk
+    kernel: str  # a name under the root, image:NAME, an absolute URL, or "" for the local disk
     initrd: tuple[str, ...] = ()
     cmdline: str = ""
 
@@ -41,9 +43,12 @@ class Machine:
         return f"{self.base_url}/api/v1/machines/{url_mac(self.mac)}/events"
 
     def file_url(self, name: str) -> str:
-        """A profile's file: an absolute URL as given, else under ``/boot/`` of this server."""
+        """A profile's file: an absolute URL as given, ``image:NAME`` the image store's
+        current version of NAME (``/images/NAME``), else under ``/boot/`` of this server."""
         if "://" in name:
             return name
+        if name.startswith(IMAGE):
+            return self.base_url + IMAGES_PREFIX + quote(name.removeprefix(IMAGE), safe="-._~+")
         return self.base_url + BOOT_PREFIX + quote(name.lstrip("/"), safe="/-._~+")
 
 
@@ -56,7 +61,8 @@ def kernel_arguments(machine: Machine) -> str:
     profile's command line (``{mac}`` and ``{base}`` replaced), then the events
     parameters."""
     profile = machine.profile
-    names = [f"initrd={posixpath.basename(name.rstrip('/'))}" for name in profile.initrd]
+    names = [f"initrd={posixpath.basename(name.removeprefix(IMAGE).rstrip('/'))}"
+             for name in profile.initrd]  # fmt: skip
     cmdline = profile.cmdline.replace("{mac}", machine.mac).replace("{base}", machine.base_url)
     own = [f"rackboot.events={machine.events_url}", f"rackboot.token={machine.token}"]
     return " ".join(part for part in (*names, cmdline.strip(), *own) if part)

@@ -29,15 +29,13 @@ RETRY = 30.0
 
 
 class Follower:
-    def __init__(self, state: Any, store: ImageStore, syncer: Syncer, peers: list[Peer],
-                 lock: trio.Lock) -> None:  # fmt: skip
-        self.state, self.store, self.syncer, self.peers, self.lock = (
-            state,
-            store,
-            syncer,
-            peers,
-            lock,
-        )
+    def __init__(
+        self, state: Any, store: ImageStore, syncer: Syncer, peers: list[Peer], lock: trio.Lock,
+        in_use: frozenset[str] = frozenset(),
+    ) -> None:  # fmt: skip
+        self.state, self.store, self.syncer = state, store, syncer
+        self.peers, self.lock = peers, lock
+        self.in_use = in_use  # image names boot profiles load (image:NAME): synced first
         self.committed: dict[str, bytes] = {}  # NAME@VERSION -> signed head
         self.current: dict[str, str] = {}  # NAME -> version, as the rack serves it
         self.deleted: set[str] = set()
@@ -67,10 +65,16 @@ class Follower:
             self.changed.set()
 
     def missing(self) -> list[str]:
-        """Committed versions this node lacks, the ones the rack serves first."""
+        """Committed versions this node lacks: first those the rack serves of images boot
+        profiles load, then the others it serves, then older versions."""
         held = {f"{n}@{v}" for n, versions in self.store.images.items() for v in versions}
         served = {f"{n}@{v}" for n, v in self.current.items()}
-        return sorted(set(self.committed) - held, key=lambda key: (key not in served, key))
+
+        def order(key: str) -> tuple[bool, bool, str]:
+            loaded = key in served and key.partition("@")[0] in self.in_use
+            return (not loaded, key not in served, key)
+
+        return sorted(set(self.committed) - held, key=order)
 
     async def _reconcile(self) -> None:
         while True:

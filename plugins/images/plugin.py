@@ -30,6 +30,7 @@ from appliance.ha.schema import parse_member
 from appliance.logs import get_logger
 from appliance.state.store import NotWriter
 from plugins.httpboot.messages import Request, Response, Route
+from plugins.httpboot.script import IMAGE
 
 from .follow import CURRENT_NS, HEADS_NS, Follower
 from .manifest import BadManifest, Head, Params, diff, encode_delta, public_raw, seal
@@ -230,6 +231,13 @@ def sync_peers(node: Node) -> list[Peer]:
     return [Peer(host, int(port)) for host, _, port in (a.rpartition(":") for a in listed)]
 
 
+def profile_images(node: Node) -> frozenset[str]:
+    """Images the boot profiles load (``image:NAME`` as kernel or initrd)."""
+    httpboot = node.config.sections.get("httpboot")
+    files = [f for p in (httpboot.profiles if httpboot else ()) for f in (p.kernel, *p.initrd)]
+    return frozenset(f.removeprefix(IMAGE) for f in files if f.startswith(IMAGE))
+
+
 def _params(settings: Any) -> Params:
     return Params(settings.min_chunk, settings.avg_chunk, settings.max_chunk)
 
@@ -245,7 +253,8 @@ class _Node:
         self.local_key: Ed25519PrivateKey | None = None
         self.lock = trio.Lock()  # one writer of the store at a time
         self.syncer = Syncer(self.store, rate=float(self.settings.max_rate))
-        self.follower = Follower(node.state, self.store, self.syncer, sync_peers(node), self.lock)
+        self.follower = Follower(node.state, self.store, self.syncer, sync_peers(node), self.lock,
+                                 profile_images(node))  # fmt: skip
 
     async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if not self.settings.root:

@@ -42,7 +42,7 @@ from .chunking import check_file, zero_id
 from .manifest import BadManifest, Head, Table, apply_untrusted, decode_table_untrusted
 from .manifest import open_untrusted as open_head_untrusted
 from .peer import Peer, PeerError
-from .plan import Bitmap, Run, make_plan
+from .plan import RUN_BYTES, Bitmap, Run, make_plan
 from .store import ImageStore, Location, Version
 
 log = get_logger("images.sync")
@@ -92,10 +92,12 @@ class RateLimit:
 
 
 class Syncer:
-    def __init__(self, store: ImageStore, rate: float = 0.0, save_every: int = SAVE_EVERY) -> None:
+    def __init__(self, store: ImageStore, rate: float = 0.0, save_every: int = SAVE_EVERY,
+                 run_bytes: int = RUN_BYTES) -> None:  # fmt: skip
         self.store = store
         self.rate = rate
         self.save_every = save_every
+        self.run_bytes = run_bytes
         self.stats = SyncStats()
 
     async def fetch(self, envelope: bytes, peers: list[Peer], use_seeds: bool = True) -> Version:
@@ -184,7 +186,8 @@ class _Job:
             held = (
                 (lambda chunk: self.store.index.get(chunk)) if self.use_seeds else (lambda c: None)
             )
-            plan = make_plan(self.table, held, lambda c, n: c == zero_id(n), self.bitmap)
+            plan = make_plan(self.table, held, lambda c, n: c == zero_id(n), self.bitmap,
+                             self.syncer.run_bytes)  # fmt: skip
             if resumed:
                 self.stats.resumed += 1
                 log.info(

@@ -109,10 +109,10 @@ async def test_a_bad_chunk_from_one_peer_is_refused_and_fetched_from_another(tmp
             await c.syncer.fetch(envelope, [peer_a])  # c holds it too now
             path = a.store.images["img"]["1"].path
             os.chmod(path, 0o644)
-            with open(path, "r+b") as f:  # a's copy is damaged from byte 1,000 on
-                f.seek(1000)
-                f.write(b"\xff" * 100)
-            syncer = receiver(tmp_path, key)
+            with open(path, "r+b") as f:  # every chunk of a's copy is damaged
+                f.write(bytes(len(data)))
+            # runs of 32 kB: each peer's worker takes one before either waits on the network
+            syncer = receiver(tmp_path, key, run_bytes=32_768)
             got = await syncer.fetch(envelope, [peer_a, peer_c])
             assert got.path.read_bytes() == data
             assert syncer.stats.refused["chunk"] == 1

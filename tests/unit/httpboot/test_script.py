@@ -42,3 +42,13 @@ def test_a_profile_without_kernel_boots_the_local_disk():
 def test_base_url_leaves_out_port_80():
     assert base_url("10.0.0.1", 80) == "http://10.0.0.1"
     assert base_url("10.0.0.1", 8080) == "http://10.0.0.1:8080"
+
+
+def test_images_of_the_store_are_named_image_colon_name():
+    profile = Profile("img", "image:debian-kernel", ("image:debian-initrd", "extra.cpio"), "")
+    machine = Machine("52:54:00:12:34:56", profile, "http://10.0.0.1", "t" * 32)
+    lines = render_ipxe(machine).splitlines()
+    assert lines[2].startswith("kernel http://10.0.0.1/images/debian-kernel "
+                               "initrd=debian-initrd initrd=extra.cpio ")  # fmt: skip
+    assert lines[3:5] == ["initrd http://10.0.0.1/images/debian-initrd",
+                          "initrd http://10.0.0.1/boot/extra.cpio"]  # fmt: skip

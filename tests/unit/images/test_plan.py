@@ -35,3 +35,15 @@ def test_the_bitmap_round_trips_and_ignores_a_wrong_length():
     assert [i for i in range(10) if again[i]] == [0, 3, 9] and again.ones() == 3
     assert Bitmap(10, b"\xff").ones() == 0  # not this table's bitmap: start over
     assert not again.all()
+
+
+def test_the_follower_syncs_what_boot_profiles_load_first():
+    from plugins.images.follow import Follower
+
+    class Store:
+        images = {"old": {"1": object()}}
+
+    follower = Follower(None, Store(), None, [], None, in_use=frozenset({"kernel"}))
+    follower.committed = dict.fromkeys(["aaa@1", "aaa@2", "kernel@3", "kernel@2", "old@1"], b"")
+    follower.current = {"aaa": "2", "kernel": "3"}
+    assert follower.missing() == ["kernel@3", "aaa@2", "aaa@1", "kernel@2"]
