@@ -25,6 +25,7 @@ from .sync import Syncer, SyncError
 log = get_logger("images.sync")
 
 HEADS_NS, CURRENT_NS = "images", "images.current"
+REMOVED_NS = "images.removed"  # NAME@VERSION -> True: removed in the rack
 RETRY = 30.0
 
 

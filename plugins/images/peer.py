@@ -41,16 +41,21 @@ class Peer:
 
     @asynccontextmanager
     async def get(
-        self, target: str, headers: list[tuple[str, str]] = ()
-    ) -> AsyncIterator[Response]:
-        """``GET target``. Read the body to its end to keep the connection; the body's
-        iterator raises :class:`PeerError` when the peer fails mid-way."""
+        self, target: str, headers: list[tuple[str, str]] = (), *, method: str = "GET",
+        body: bytes = b"",
+    ) -> AsyncIterator[Response]:  # fmt: skip
+        """``GET target`` (or ``method`` with ``body``). Read the body to its end to keep
+        the connection; the body's iterator raises :class:`PeerError` when the peer fails
+        mid-way."""
         async with self._io():
             if self.stream is None or self.h11 is None or self.h11.our_state is not h11.IDLE:
                 await self._connect()
             assert self.h11 is not None
-            await self._send(h11.Request(method="GET", target=target,
-                                         headers=[("host", str(self)), *headers]))  # fmt: skip
+            sized = [("content-length", str(len(body)))] if method != "GET" else []
+            await self._send(h11.Request(method=method, target=target,
+                                         headers=[("host", str(self)), *sized, *headers]))  # fmt: skip
+            if body:
+                await self._send(h11.Data(data=body))
             await self._send(h11.EndOfMessage())
             event = await self._next()
             if not isinstance(event, h11.Response):

@@ -32,9 +32,19 @@ from appliance.state.store import NotWriter
 from plugins.httpboot.messages import Request, Response, Route
 from plugins.httpboot.script import IMAGE
 
-from .follow import CURRENT_NS, HEADS_NS, Follower
-from .manifest import BadManifest, Head, Params, diff, encode_delta, public_raw, seal
-from .peer import Peer
+from .follow import CURRENT_NS, HEADS_NS, REMOVED_NS, Follower
+from .manifest import (
+    MAX_HEAD,
+    BadManifest,
+    Head,
+    Params,
+    diff,
+    encode_delta,
+    open_untrusted,
+    public_raw,
+    seal,
+)
+from .peer import Peer, PeerError
 from .render import render_added, render_list, render_removed, render_show, render_verified
 from .store import ImageError, ImageStore
 from .sync import Syncer
@@ -153,6 +163,13 @@ class ImagesPlugin:
             Route("GET", "/images/_table/{digest}", state.http_table, name="image-tables"),
             Route("GET", "/images/{name}/{version}", state.http_version, name="image-versions"),
             Route("GET", "/images/{name}", state.http_image, name="images"),
+            Route(
+                "POST",
+                "/images/_heads",
+                state.http_post_head,
+                max_body=MAX_HEAD,
+                name="image-heads",
+            ),  # fmt: skip
         ]
 
     @hookimpl
@@ -342,6 +359,43 @@ class _Node:
                                   (b"x-rackboot-delta-base", base_hex.encode())], body)  # fmt: skip
         return Response(200, [(b"content-type", b"application/octet-stream")], table.encode())
 
+    async def http_post_head(self, request: Request) -> Response:
+        """A head added on an appliance of the rack that does not hold the lease: the
+        holder commits it (its signature is the authentication: a cluster member made
+        it) and then syncs its chunks from the peers, the one that added it among them.
+        A version removed in the rack is not brought back by a replayed head (409)."""
+        try:
+            head = open_untrusted(request.body, self._trust)
+        except BadManifest as exc:
+            log.warning("posted head refused", client=request.client[0], error=str(exc))
+            return Response.error(403, "head refused")
+        state = self.node.state
+        if state.get(REMOVED_NS, head.key) is not None:
+            return Response.error(409, f"{head.key} was removed in the rack")
+        known = state.get(HEADS_NS, head.key)
+        if known is not None:
+            return Response.json({"committed": True}) if known == request.body else (
+                Response.error(409, f"{head.key} is committed with another head"))  # fmt: skip
+        async with self.lock:
+            committed = await self._commit({head.key: request.body}, {head.name: head.version})
+        if not committed:
+            return Response.unavailable("this appliance does not hold the rack's lease")
+        log.info("image committed for a peer", image=head.key, signer=head.signer)
+        return Response.json({"committed": True}, 201)
+
+    async def _forward(self, envelope: bytes) -> str | None:
+        """Offer a head this node could not commit to each peer; the one that committed it."""
+        for peer in self.follower.peers:
+            try:
+                async with peer.get("/images/_heads", method="POST", body=envelope) as response:
+                    async for _ in response.body:
+                        pass
+            except PeerError:
+                continue
+            if response.status in (200, 201):
+                return str(peer)
+        return None
+
     # -- control handlers -----------------------------------------------------------
 
     async def add(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -355,9 +409,11 @@ class _Node:
             )  # fmt: skip
             committed = await self._commit({found.head.key: found.envelope},
                                            {name: found.head.version})  # fmt: skip
+        via = None if committed else await self._forward(found.envelope)
         log.info("image added", image=found.head.key, bytes=found.head.size,
                  chunks=found.head.chunks, committed=committed)  # fmt: skip
-        return {**_head_json(found.head), "committed": committed}
+        return {**_head_json(found.head), "committed": committed or via is not None,
+                "committed_by": "this node" if committed else via}  # fmt: skip
 
     async def list(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         return [
@@ -433,6 +489,8 @@ class _Node:
         try:
             for key, envelope in heads.items():
                 await self.node.state.put(HEADS_NS, key, envelope)
+                # a tombstone: a replayed head of a removed version is refused (http_post_head)
+                await self.node.state.put(REMOVED_NS, key, True if envelope is None else None)
             for name, version in current.items():
                 await self.node.state.put(CURRENT_NS, name, version)
         except NotWriter:

@@ -19,8 +19,10 @@ def _size(n: int) -> str:
 
 
 def render_added(result: dict[str, Any]) -> str:
-    where = "committed to the rack's state" if result["committed"] else (
-        "kept on this node only: it does not hold the rack's lease")  # fmt: skip
+    by = result.get("committed_by") or "this node"
+    where = f"committed to the rack's state (by {by})" if result["committed"] else (
+        "kept on this node only: it does not hold the rack's lease and no appliance "
+        "that does took it")  # fmt: skip
     return (f"added {result['image']}: {_size(result['size'])} in {result['chunks']} chunks, "
             f"sha256 {result['sha256']}; {where}")  # fmt: skip
 

@@ -24,19 +24,23 @@ from plugins.images.plugin import ImagesPlugin
 from plugins.images.store import ImageStore
 from plugins.images.sync import Syncer, SyncError
 from tests.support.plugins import configured
+from tests.trio.test_cluster import wait_until
 
 LIMIT = 30
 CHUNKS = {"min_chunk": 1024, "avg_chunk": 4096, "max_chunk": 16384}
 
 
 @contextlib.asynccontextmanager
-async def serving(tmp_path: Path, name: str, key: Ed25519PrivateKey) -> AsyncIterator[tuple]:
-    """A node whose store signs with ``key``; yields (node, its images state, Peer)."""
+async def serving(tmp_path: Path, name: str, key: Ed25519PrivateKey, *peers: Peer
+                  ) -> AsyncIterator[tuple]:  # fmt: skip
+    """A node whose store signs with ``key`` and syncs from ``peers``; yields (node, its
+    images state, a Peer for its HTTP server)."""
     root = tmp_path / name / "images"
     root.mkdir(parents=True)
     (root / "local-signing.key").write_bytes(pki.key_to_pem(key))
     images = ImagesPlugin()
-    document = {"httpboot": {"port": 0}, "images": {**CHUNKS, "root": str(root)},
+    images_settings = {**CHUNKS, "root": str(root), "peers": [str(p) for p in peers]}
+    document = {"httpboot": {"port": 0}, "images": images_settings,
                 "node": {"data_dir": str(tmp_path / name / "data")}}  # fmt: skip
     config, pm = configured(tmp_path, document, images=images, httpboot=HttpBootPlugin())
     node = Node(config, pm)
@@ -151,3 +155,32 @@ async def test_an_interrupted_sync_resumes_without_fetching_again_what_it_had(tm
             assert got.path.read_bytes() == data and again.stats.resumed == 1
             # the saved chunks were not fetched again (at most what followed the last save)
             assert again.stats.bytes_fetched <= len(data) - before + 20_000 + 16384
+
+
+async def test_a_head_posted_to_the_lease_holder_is_committed_and_its_chunks_synced(tmp_path):
+    key = Ed25519PrivateKey.generate()
+    data = os.urandom(200_000)
+    with trio.fail_after(LIMIT):
+        async with serving(tmp_path, "a", key) as (_, a, peer_a):
+            envelope = await add(a, tmp_path, data, "1")  # as a standby would have it
+            async with serving(tmp_path, "c", key, peer_a) as (node_c, c, peer_c):
+                async with peer_c.get("/images/_heads", method="POST", body=envelope) as reply:
+                    assert reply.status == 201
+                    async for _ in reply.body:
+                        pass
+                assert node_c.state.get("images", "img@1") == envelope
+                await wait_until(lambda: "1" in c.store.images.get("img", {}),
+                                 what="the holder to sync the chunks")  # fmt: skip
+                assert c.store.served_path("img").read_bytes() == data
+                await c.remove({"name": "img", "version": "1"})
+                async with peer_c.get("/images/_heads", method="POST", body=envelope) as reply:
+                    assert reply.status == 409  # a replayed head does not bring it back
+                    async for _ in reply.body:
+                        pass
+                forged = seal(dataclasses.replace(a.store.images["img"]["1"].head, version="2"),
+                              Ed25519PrivateKey.generate())  # fmt: skip
+                async with peer_c.get("/images/_heads", method="POST", body=forged) as reply:
+                    assert reply.status == 403
+                    async for _ in reply.body:
+                        pass
+                assert node_c.state.get("images", "img@2") is None
