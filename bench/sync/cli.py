@@ -2,8 +2,9 @@
 
 The image (bench/sync/edits.py: seeded, 1 GiB by default, data + zeros + repeated
 blocks + text) and its versions v1 (the base) -> v2 (1 MiB overwritten at the
-middle) -> v3 (1,000 bytes inserted at 64 KiB) -> v4 (20 scattered 4 KiB writes)
-are generated once per run in the bench's temp dir and deleted at the end.
+middle + 36 KiB) -> v3 (1,000 bytes inserted at 66,000, ~64 KiB) -> v4 (20
+scattered 4 KiB writes) are generated once per run in the bench's temp dir and
+deleted at the end.
 
 Scenarios, each bringing ``dst``'s copy (always the same file name) to a version:
 ``full`` (dst has nothing -> v1), ``overwrite`` (dst holds v1 -> v2), ``insert``
@@ -25,11 +26,18 @@ namespace before and after: frames as the veth counts them, Ethernet + IP + TCP
 headers included; with GRO/GSO a header per aggregate, not per 1500-byte frame,
 and an IPv6 router solicitation or ARP in the window is counted too); and the
 system's own figures (rsync's ``--stats``: literal data, matched data, bytes sent
-and received); and the busy seconds of the server's and the client's vCPUs during the
+and received); the busy seconds of the server's and the client's vCPUs during the
 sync (``/proc/stat``, softirq included, steal not; anything else on those vCPUs
 counts too: other processes' CPU over the whole run is reported) and their steal
-time (the hypervisor running someone else: this VM's host is shared). The medians of ``--repeats``
-runs are reported.
+time (the hypervisor running someone else: this VM's host is shared). The medians
+of ``--repeats`` runs are reported.
+
+dst's files: on **tmpfs** (``/dev/shm``) by default, ``--dst-on disk`` puts them in
+the temp dir on disk. On disk (ext4 here) a delta run's timing is mostly the VM's
+virtual disk: rsync writes the new version to a temporary file and renames it over
+the old one, which makes ext4 start writing it out at once (``auto_da_alloc``), and
+runs then wait on I/O for seconds that vary with the host. The sources' versions
+stay on disk (read from the page cache).
 
 Page cache: **not dropped**, on either side, for every system alike. The versions
 are in the cache from their generation (24 GB of RAM here) and stay there, so a
@@ -65,6 +73,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bench import results_file
+from bench.dhcp.cli import wait_until_quiet
 from bench.dhcp.system import OtherCPU, cpu_model, missing_packages
 from bench.sync import edits
 from bench.tftp.servers import apt
@@ -82,6 +91,10 @@ SCENARIOS: dict[str, tuple[str, str | None]] = {
     "insert": ("v3", "v2"),
     "scatter": ("v4", "v3"),
 }
+DST_ON = {
+    "tmpfs": "tmpfs (/dev/shm: the sync, not the VM's virtual disk)",
+    "disk": "disk (ext4 under the temp dir: writeback and rename-over flushes included)",
+}
 PAGE_CACHE = "not dropped (warm, both sides); sync(2) before each timed run"
 
 
@@ -95,7 +108,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=edits.DEFAULT_SEED, help="image and edit seed (17)")
     p.add_argument("--server-cpu", default="0", help="taskset CPU list of the sources (0)")
     p.add_argument("--client-cpu", default="1", help="taskset CPU list of dst's side (1)")
+    p.add_argument("--dst-on", choices=["tmpfs", "disk"], default="tmpfs",
+                   help="dst's files on /dev/shm (default) or in the temp dir on disk")  # fmt: skip
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one sync may take")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="before each sync, wait up to SECONDS for others to leave the CPUs idle")  # fmt: skip
     p.add_argument("--json", default="", metavar="PATH",
                    help="results file (default bench/results/sync-STAMP.json)")  # fmt: skip
     args = p.parse_args(argv)
@@ -116,6 +133,7 @@ class Context:
     src2: Any  # Host: Rackboot's second peer (two-peer full sync)
     dst: Any  # Host: the appliance being brought up to date
     work: Path  # the run's temp dir (a system may make its own subdirectory)
+    dst_root: Path  # where dst's files go, per --dst-on (a subdirectory per system)
     versions: dict[str, edits.Version]  # v1..v4, each at work/versions/vN/boot.img
     server_cpu: str  # taskset CPU list for whatever serves (src1, src2)
     client_cpu: str  # taskset CPU list for dst's side
@@ -157,7 +175,7 @@ class Rsync:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.dir = ctx.work / "rsync-dst"
+        self.dir = ctx.dst_root / "rsync"
         self.dir.mkdir(mode=0o755)
         self.holds: str | None = None  # the version dst's copy is known to be
         root = ctx.versions["v1"].path.parent.parent
@@ -301,9 +319,11 @@ def cpu_seconds(cpulist: str) -> tuple[float, float]:
     return busy / hz, steal / hz
 
 
-def measure(ctx: Context, system: System, step: Step) -> Run:
+def measure(ctx: Context, system: System, step: Step, wait_quiet: float = 0.0) -> Run:
     system.prepare(step)
     os.sync()
+    if wait_quiet > 0:
+        wait_until_quiet(wait_quiet)
     before = counters(ctx.dst)
     busy0 = (*cpu_seconds(ctx.server_cpu), *cpu_seconds(ctx.client_cpu))
     t0 = time.monotonic()
@@ -349,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     size = args.size_mib * MIB
     work = Path(tempfile.mkdtemp(prefix="rackboot-bench-sync-"))
     os.chmod(work, 0o755)
+    if args.dst_on == "tmpfs":
+        dst_root = Path(tempfile.mkdtemp(prefix="rackboot-bench-sync-", dir="/dev/shm"))
+    else:
+        dst_root = work / "dst"
+        dst_root.mkdir()
+    os.chmod(dst_root, 0o755)
     runs: dict[str, dict[str, list[Run]]] = {s: {n: [] for n in systems} for s in scenarios}
     try:
         t0 = time.monotonic()
@@ -356,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         made = time.monotonic() - t0
         with Lab(prefix="rbs") as lab:
             src1, src2, dst = lab.add_host("src1"), lab.add_host("src2"), lab.add_host("dst")
-            ctx = Context(lab, src1, src2, dst, work, versions, args.server_cpu,
+            ctx = Context(lab, src1, src2, dst, work, dst_root, versions, args.server_cpu,
                           args.client_cpu, args.timeout)  # fmt: skip
             started = {name: SYSTEMS[name](ctx) for name in systems}
             shares = edits.composition(args.seed, size)
@@ -366,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"median of {args.repeats}")  # fmt: skip
             print(f"env: cpu={cpu_model()} vcpus={os.cpu_count()} kernel={platform.release()} "
                   f"python={sys.version.split()[0]} page cache {PAGE_CACHE}; "
+                  f"dst's files on {DST_ON[args.dst_on]}; "
                   f"wire = dst's interface counters ({dst.ifname}), rx + tx")  # fmt: skip
             for system in started.values():
                 print(f"{system.name}: {system.description}")
@@ -377,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name in order:
                     for scenario in scenarios:
                         version, basis = SCENARIOS[scenario]
-                        run = measure(ctx, started[name], Step(scenario, version, basis))
+                        step = Step(scenario, version, basis)
+                        run = measure(ctx, started[name], step, args.wait_quiet)
                         runs[scenario][name].append(run)
                         print(f"  repeat {i + 1} {name:8} {scenario:9} {run.seconds:7.2f} s  "
                               f"wire {run.wire:>13,} B (rx {run.rx:,}, tx {run.tx:,})  "
@@ -389,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             descriptions = {name: s.description for name, s in started.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(dst_root, ignore_errors=True)
     results = {
         "environment": {
             "cpu": cpu_model(),
@@ -396,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             "kernel": platform.release(),
             "python": sys.version.split()[0],
             "page_cache": PAGE_CACHE,
+            "dst_on": DST_ON[args.dst_on],
             "systems": descriptions,
             "load_average_before_after": load,
             "others_cpu_pct": busy,
