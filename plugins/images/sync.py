@@ -186,7 +186,7 @@ class _Job:
             held = (
                 (lambda chunk: self.store.index.get(chunk)) if self.use_seeds else (lambda c: None)
             )
-            plan = make_plan(self.table, held, lambda c, n: c == zero_id(n), self.bitmap,
+            plan = make_plan(self.table, held, self._is_zero, self.bitmap,
                              self.syncer.run_bytes)  # fmt: skip
             if resumed:
                 self.stats.resumed += 1
@@ -215,6 +215,11 @@ class _Job:
         self.stats.versions += 1
         log.info("image synced", image=self.head.key, bytes=self.head.size)
         return version
+
+    def _is_zero(self, chunk: bytes, size: int) -> bool:
+        # A run of zeros never makes FastCDC cut before max_size: its chunks have that
+        # size (a shorter all-zero chunk, at a run's end, is fetched like any other).
+        return size == self.table.params.max_size and chunk == zero_id(size)
 
     # -- the partial file and its bitmap (worker threads) ------------------------------
 
@@ -311,20 +316,27 @@ class _Job:
             async for piece in response.body:
                 buf += piece
                 await limit.take(len(piece))
-                while i < run.end and len(buf) >= self.table.sizes[i]:
+                used = 0
+                view = memoryview(buf)
+                while i < run.end and len(buf) - used >= self.table.sizes[i]:
                     size = self.table.sizes[i]
-                    chunk = bytes(buf[:size])
-                    del buf[:size]
+                    chunk = view[used : used + size]
+                    used += size
                     if hashlib.sha256(chunk).digest() != self.table.ids[i]:
+                        chunk.release()
+                        view.release()
                         raise _BadChunk(
                             f"{peer}: chunk {i} of {self.head.key} does not match its id"
                         )
                     os.pwrite(self.fd, chunk, self.offsets[i])
+                    chunk.release()  # else the buffer cannot shrink below
                     self.bitmap.set(i)
                     self.stats.chunks_fetched += 1
                     self.stats.bytes_fetched += size
                     self.unsaved += size
                     i += 1
+                view.release()
+                del buf[:used]
                 if self.unsaved >= self.syncer.save_every:
                     await trio.to_thread.run_sync(self._save)
             if i != run.end or buf:
