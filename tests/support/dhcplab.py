@@ -98,6 +98,7 @@ class DhcpNode:
         *,
         name: str = "dhcp-node",
         interfaces: tuple[str, ...] = (),
+        disabled: tuple[str, ...] = ("tftp", "httpboot"),
     ) -> None:
         """``interfaces``: where to serve (default: ``host``'s lab interface)."""
         self.host = host
@@ -109,7 +110,7 @@ class DhcpNode:
         self.log = workdir / "node.log"
         self.config.write_text(
             f'[node]\nname = "{name}"\ndata_dir = "{self.data}"\nshutdown_grace = 2.0\n\n'
-            '[plugins]\ndisabled = ["tftp", "httpboot"]\n\n'
+            f"[plugins]\ndisabled = {json.dumps(list(disabled))}\n\n"
             f"[dhcp]\ninterfaces = {json.dumps(list(interfaces or (host.ifname,)))}\n"
             + textwrap.dedent(dhcp)
         )

@@ -36,10 +36,12 @@ class HaNode(DhcpNode):
 
 class Rack:
     def __init__(self, lab: Lab, tmp_path: Path, *, client_addr: bool = False,
-                 dhcp: str = "") -> None:  # fmt: skip
+                 dhcp: str = "", disabled: tuple[str, ...] = ("tftp", "httpboot")) -> None:  # fmt: skip
         """``client_addr``: the client host gets an address (a relay-style probe needs one);
-        ``dhcp``: more ``[dhcp]`` settings, e.g. ``lease_time = 60``."""
+        ``dhcp``: more ``[dhcp]`` settings, e.g. ``lease_time = 60`` (and after them any
+        other section); ``disabled``: the appliances' disabled plugins."""
         self.dhcp = dhcp
+        self.disabled = disabled
         self.lab = lab
         self.hosts = {n: lab.add_host(n) for n in ("a", "b", "w")}
         self.client = lab.add_host("c", bare=not client_addr)
@@ -69,7 +71,8 @@ class Rack:
         return HaNode(
             host,
             tmp_path / name,
-            self.dhcp + f"""
+            self.dhcp
+            + f"""
             [[dhcp.subnets]]
             network = "{net}"
             pools = ["{net.network_address + 100}-{net.network_address + 150}"]
@@ -89,6 +92,7 @@ class Rack:
             vip_interface = "{host.ifname}"
             """,
             name=name,
+            disabled=self.disabled,
         )
 
     def start(self) -> Rack:
@@ -119,8 +123,11 @@ class Rack:
         state = status["core"]["state"]
         followers = state.get("replication", {}).get("followers", {})
         return bool(
-            ha and "election" in ha and not ha["election"].get("ineligible")
-            and not ha["election"].get("declaring") and state["lsn"] >= 1
+            ha
+            and "election" in ha
+            and not ha["election"].get("ineligible")
+            and not ha["election"].get("declaring")
+            and state["lsn"] >= 1
             and len(followers) == 1
             and all(f["counted"] and f["lag"] == 0 for f in followers.values())
         )
