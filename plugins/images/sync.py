@@ -114,7 +114,10 @@ class Syncer:
         job = _Job(self, head, envelope, table, peers, use_seeds)
         try:
             return await job.run()
-        except OSError as exc:
+        except (OSError, BaseExceptionGroup) as caught:  # the workers' nursery groups them
+            exc = _os_error(caught)
+            if exc is None:
+                raise
             if exc.errno == errno.ENOSPC:
                 raise SyncError(f"{head.key}: the disk is full; kept what was written") from None
             raise SyncError(f"{head.key}: {exc.strerror or exc}") from None
@@ -358,3 +361,14 @@ def _copy_range(src: int, dst: int, src_offset: int, dst_offset: int, size: int)
         if n == 0:
             raise OSError(errno.EIO, "the seed file ended early")
         src_offset, dst_offset, size = src_offset + n, dst_offset + n, size - n
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The first OSError in ``exc``, through exception groups; None if there is none."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _os_error(inner)) is not None:
+                return found
+    return None

@@ -184,3 +184,39 @@ async def test_a_head_posted_to_the_lease_holder_is_committed_and_its_chunks_syn
                     async for _ in reply.body:
                         pass
                 assert node_c.state.get("images", "img@2") is None
+
+
+async def test_a_full_disk_stops_the_sync_cleanly_and_it_resumes_once_there_is_room(
+    tmp_path, monkeypatch
+):
+    import errno
+
+    from plugins.images import sync as sync_module
+
+    key = Ed25519PrivateKey.generate()
+    old, new = os.urandom(200_000), os.urandom(300_000)
+    with trio.fail_after(LIMIT):
+        async with serving(tmp_path, "a", key) as (_, a, peer):
+            syncer = receiver(tmp_path, key, save_every=50_000, run_bytes=40_000)
+            await syncer.fetch(await add(a, tmp_path, old, "1"), [peer])
+            envelope = await add(a, tmp_path, new, "2")
+            written = 0
+            real_pwrite = os.pwrite
+
+            def filling(fd, data, offset):  # the disk fills after 150 kB
+                nonlocal written
+                written += len(data)
+                if written > 150_000:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real_pwrite(fd, data, offset)
+
+            monkeypatch.setattr(sync_module.os, "pwrite", filling)
+            with pytest.raises(SyncError, match="disk is full"):
+                await syncer.fetch(envelope, [peer])
+            assert list(syncer.store.images["img"]) == ["1"]  # the old version untouched
+            assert syncer.store.verify("img", "1") is None
+            fetched = syncer.stats.bytes_fetched
+            monkeypatch.setattr(sync_module.os, "pwrite", real_pwrite)
+            got = await syncer.fetch(envelope, [peer])
+            assert got.path.read_bytes() == new and syncer.stats.resumed == 1
+            assert syncer.stats.bytes_fetched - fetched < len(new)  # the saved part stayed
