@@ -87,7 +87,10 @@ class Follower:
                     try:
                         await self.syncer.fetch(self.committed[key], self.peers)
                         self.failing.pop(key, None)
-                    except SyncError as exc:
+                    except Exception as exc:  # a bug here must not stop the node's service
+                        if not isinstance(exc, SyncError):
+                            log.error("image sync crashed", image=key,
+                                      error=f"{type(exc).__name__}: {exc}")  # fmt: skip
                         self.failing[key] = str(exc)
                         self.syncer.stats.last_error = str(exc)
                         log.warning("image not synced", image=key, error=str(exc))
