@@ -18,7 +18,8 @@ from appliance.errors import RackbootError
 from appliance.node import Node
 from plugins.httpboot.plugin import HttpBootPlugin
 from plugins.images.manifest import open_untrusted
-from plugins.images.plugin import HEADS_NS, ImagesPlugin
+from plugins.images.follow import HEADS_NS
+from plugins.images.plugin import ImagesPlugin
 from plugins.tftp import plugin as tftp_plugin
 from tests.support.http import fetch
 from tests.support.plugins import configured
@@ -64,7 +65,7 @@ async def test_an_added_image_is_committed_and_served_by_name_over_http_and_tftp
             assert added["image"] == "debian@1" and added["committed"] is True
             envelope = node.state.get(HEADS_NS, "debian@1")
             state = images.stores[node]
-            assert open_untrusted(envelope, state._trust).sha256.hex() == added["sha256"]
+            assert open_untrusted(envelope, state.trust).sha256.hex() == added["sha256"]
             reply = await fetch(listening(node, "httpboot"), "GET", "/images/debian")
             assert reply.status == 200 and reply.body == data
             assert (await fetch(listening(node, "httpboot"), "GET", "/images/other")).status == 404

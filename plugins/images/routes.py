@@ -1,0 +1,108 @@
+"""The images plugin's HTTP routes, on the httpboot server (httpboot_routes).
+
+``GET /images/NAME``: the current version (what boot profiles load as
+``image:NAME``); ``GET /images/NAME/VERSION``: one complete version, what a
+peer's sync fetches runs of chunks from with Range requests;
+``GET /images/_table/DIGEST[?base=DIGEST]``: a chunk table, or its delta
+against one the caller holds; ``POST /images/_heads``: a signed head an
+appliance that does not hold the lease offers to the one that does.
+Only names and digests the store holds are looked up: nothing of a request is
+joined onto a path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from appliance.logs import get_logger
+from plugins.httpboot.messages import Request, Response, Route
+
+from .follow import HEADS_NS, REMOVED_NS
+from .manifest import MAX_HEAD, BadManifest, diff, encode_delta, open_untrusted
+
+if TYPE_CHECKING:
+    from .service import ImageService
+
+log = get_logger("images")
+
+
+class ImageRoutes:
+    def __init__(self, service: ImageService) -> None:
+        self.service = service
+        self.store = service.store
+
+    def routes(self) -> list[Route]:
+        return [
+            # _table first: "_table" is no image name, but {name}/{version} would match it
+            Route("GET", "/images/_table/{digest}", self.http_table, name="image-tables"),
+            Route("GET", "/images/{name}/{version}", self.http_version, name="image-versions"),
+            Route("GET", "/images/{name}", self.http_image, name="images"),
+            Route(
+                "POST", "/images/_heads", self.http_post_head, max_body=MAX_HEAD, name="image-heads"
+            ),  # fmt: skip
+        ]
+
+    def http_image(self, request: Request) -> Response:
+        """The current version of an image, whole (Range and conditional requests are
+        the server's); only names in the store, never a path built from the request."""
+        return _file(self.store.served_path(request.params["name"]))
+
+    def http_version(self, request: Request) -> Response:
+        """One complete version: what a peer's sync fetches runs of chunks from."""
+        versions = self.store.images.get(request.params["name"], {})
+        found = versions.get(request.params["version"])
+        return _file(None if found is None else found.path)
+
+    def http_table(self, request: Request) -> Response:
+        """A chunk table by digest; ``?base=DIGEST`` of a table the caller holds: the delta
+        against it instead (header ``x-rackboot-delta-base``). Checked by the caller."""
+        wanted = {v.head.table.hex(): v.table for vs in self.store.images.values()
+                  for v in vs.values()}  # fmt: skip
+        table = wanted.get(request.params["digest"])
+        if table is None:
+            return Response.error(404)
+        base_hex = request.query.decode("ascii", "replace").removeprefix("base=")
+        base = wanted.get(base_hex)
+        if base is not None:
+            body = encode_delta(table.params, diff(base, table))
+            return Response(200, [(b"content-type", b"application/octet-stream"),
+                                  (b"x-rackboot-delta-base", base_hex.encode())], body)  # fmt: skip
+        return Response(200, [(b"content-type", b"application/octet-stream")], table.encode())
+
+    async def http_post_head(self, request: Request) -> Response:
+        """A head added on an appliance of the rack that does not hold the lease: the
+        holder commits it (its signature is the authentication: a cluster member made
+        it) and then syncs its chunks from the peers, the one that added it among them.
+        A version removed in the rack is not brought back by a replayed head (409)."""
+        try:
+            head = open_untrusted(request.body, self.service.trust)
+        except BadManifest as exc:
+            log.warning("posted head refused", client=request.client[0], error=str(exc))
+            return Response.error(403, "head refused")
+        state = self.service.node.state
+        if state.get(REMOVED_NS, head.key) is not None:
+            return Response.error(409, f"{head.key} was removed in the rack")
+        known = state.get(HEADS_NS, head.key)
+        if known is not None:
+            return Response.json({"committed": True}) if known == request.body else (
+                Response.error(409, f"{head.key} is committed with another head"))  # fmt: skip
+        async with self.service.lock:
+            committed = await self.service.commit(
+                {head.key: request.body}, {head.name: head.version}
+            )
+        if not committed:
+            return Response.unavailable("this appliance does not hold the rack's lease")
+        log.info("image committed for a peer", image=head.key, signer=head.signer)
+        return Response.json({"committed": True}, 201)
+
+
+def _file(path: Path | None) -> Response:
+    if path is None:
+        return Response.error(404)
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 (the server closes it after sending)
+    except OSError:  # removed meanwhile (gc): as if it had never been there
+        return Response.error(404)
+    return Response.file(handle, os.fstat(handle.fileno()), b"application/octet-stream")
