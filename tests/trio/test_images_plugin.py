@@ -17,8 +17,8 @@ from appliance import control
 from appliance.errors import RackbootError
 from appliance.node import Node
 from plugins.httpboot.plugin import HttpBootPlugin
-from plugins.images.manifest import open_untrusted
 from plugins.images.follow import HEADS_NS
+from plugins.images.manifest import open_untrusted
 from plugins.images.plugin import ImagesPlugin
 from plugins.tftp import plugin as tftp_plugin
 from tests.support.http import fetch
