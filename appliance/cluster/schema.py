@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from appliance.schema import (
-    Bool, Choice, Field, Float, Int, IPv4Address, List, Listener, Section, Str,
+    Bool,
+    Choice,
+    Field,
+    Float,
+    Int,
+    IPv4Address,
+    List,
+    Listener,
+    Section,
+    Str,
 )  # fmt: skip
 
 DEFAULT_PORT = 7470

@@ -18,7 +18,16 @@ from dataclasses import dataclass
 
 from appliance.errors import ConfigError
 from appliance.schema import (
-    Bool, Choice, Field, Float, Int, IPv4Address, List, Listener, Section, Str,
+    Bool,
+    Choice,
+    Field,
+    Float,
+    Int,
+    IPv4Address,
+    List,
+    Listener,
+    Section,
+    Str,
 )  # fmt: skip
 
 DEFAULT_PORT = 7471
