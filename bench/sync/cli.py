@@ -284,6 +284,7 @@ class Run:
     server_vcpu_s: float  # busy seconds of --server-cpu's vCPUs meanwhile (softirq included)
     client_vcpu_s: float  # and of --client-cpu's
     steal_s: float  # both vCPUs' steal time meanwhile: the host gave them to someone else
+    others_pct: float  # CPU used by processes outside the lab meanwhile, % of one CPU
     figures: dict = field(default_factory=dict)  # the system's own
 
     @property
@@ -325,11 +326,14 @@ def measure(ctx: Context, system: System, step: Step, wait_quiet: float = 0.0) -
     if wait_quiet > 0:
         wait_until_quiet(wait_quiet)
     before = counters(ctx.dst)
+    others = OtherCPU(ctx.lab.namespaces)
+    others.start()
     busy0 = (*cpu_seconds(ctx.server_cpu), *cpu_seconds(ctx.client_cpu))
     t0 = time.monotonic()
     figures = system.sync(step)
     seconds = time.monotonic() - t0
     busy1 = (*cpu_seconds(ctx.server_cpu), *cpu_seconds(ctx.client_cpu))
+    others_pct, _ = others.stop()
     after = counters(ctx.dst)
     rx, tx, rxp, txp = (b - a for a, b in zip(before, after, strict=True))
     got = edits.sha256_file(system.result(step))
@@ -337,7 +341,7 @@ def measure(ctx: Context, system: System, step: Step, wait_quiet: float = 0.0) -
         raise RuntimeError(f"{system.name} {step.scenario}: dst's copy differs from {step.version}")
     server, server_steal, client, client_steal = (b - a for a, b in zip(busy0, busy1, strict=True))
     steal = server_steal + client_steal
-    return Run(seconds, rx, tx, rxp, txp, server, client, steal, figures)
+    return Run(seconds, rx, tx, rxp, txp, server, client, steal, others_pct, figures)
 
 
 def load_average() -> list[float]:
@@ -410,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  repeat {i + 1} {name:8} {scenario:9} {run.seconds:7.2f} s  "
                               f"wire {run.wire:>13,} B (rx {run.rx:,}, tx {run.tx:,})  "
                               f"vCPU busy s: server {run.server_vcpu_s:.2f}, "
-                              f"client {run.client_vcpu_s:.2f}, steal {run.steal_s:.2f}",
+                              f"client {run.client_vcpu_s:.2f}, steal {run.steal_s:.2f}; "
+                              f"others {run.others_pct:.0f}% of a CPU",
                               flush=True)  # fmt: skip
             busy, hogs = others.stop()
             load.append(load_average())
