@@ -15,17 +15,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
+
+import trio
 
 from appliance.logs import get_logger
 from plugins.httpboot.messages import Request, Response, Route
 
 from .follow import HEADS_NS, REMOVED_NS
 from .manifest import MAX_HEAD, BadManifest, diff, encode_delta, open_untrusted
+from .patch import CONTENT_TYPE, make_patch
 
 if TYPE_CHECKING:
     from .service import ImageService
 
 log = get_logger("images")
+
+MAX_PATCH_SPAN = 32 << 20  # bytes of either side a patch request may make the server read
 
 
 class ImageRoutes:
@@ -49,11 +55,31 @@ class ImageRoutes:
         the server's); only names in the store, never a path built from the request."""
         return _file(self.store.served_path(request.params["name"]))
 
-    def http_version(self, request: Request) -> Response:
-        """One complete version: what a peer's sync fetches runs of chunks from."""
+    async def http_version(self, request: Request) -> Response:
+        """One complete version: what a peer's sync fetches runs of chunks from (Range).
+        ``?base=VERSION&from=A&to=B`` with a one-range ``Range``: the range as a patch of
+        bytes A..B-1 of that older version, which the caller holds (patch.py)."""
         versions = self.store.images.get(request.params["name"], {})
         found = versions.get(request.params["version"])
-        return _file(None if found is None else found.path)
+        if found is None:
+            return Response.error(404)
+        query = parse_qs(request.query.decode("ascii", "replace"))
+        base = versions.get(query.get("base", [""])[0])
+        ranged = _one_range(request.header(b"range") or b"")
+        if base is None or ranged is None:
+            return _file(found.path)
+        try:
+            start, stop = int(query["from"][0]), int(query["to"][0])
+        except (KeyError, ValueError):
+            return Response.error(400)
+        first, last = ranged
+        if not (0 <= start < stop <= base.head.size and 0 <= first <= last < found.head.size
+                and stop - start <= MAX_PATCH_SPAN and last - first < MAX_PATCH_SPAN):  # fmt: skip
+            return Response.error(416)
+        body = await trio.to_thread.run_sync(
+            _patch, found.path, first, last + 1 - first, base.path, start, stop - start
+        )
+        return Response(200, [(b"content-type", CONTENT_TYPE)], body)
 
     def http_table(self, request: Request) -> Response:
         """A chunk table by digest; ``?base=DIGEST`` of a table the caller holds: the delta
@@ -106,3 +132,20 @@ def _file(path: Path | None) -> Response:
     except OSError:  # removed meanwhile (gc): as if it had never been there
         return Response.error(404)
     return Response.file(handle, os.fstat(handle.fileno()), b"application/octet-stream")
+
+
+def _one_range(header: bytes) -> tuple[int, int] | None:
+    """``bytes=A-B`` (one closed range), or None."""
+    text = header.decode("ascii", "replace").strip()
+    if not text.startswith("bytes=") or "," in text:
+        return None
+    first, _, last = text[6:].partition("-")
+    return (int(first), int(last)) if first.isdigit() and last.isdigit() else None
+
+
+def _patch(
+    path: Path, offset: int, size: int, base: Path, base_offset: int, base_size: int
+) -> bytes:
+    with open(path, "rb") as new, open(base, "rb") as old:
+        return make_patch(os.pread(new.fileno(), size, offset),
+                          os.pread(old.fileno(), base_size, base_offset))  # fmt: skip

@@ -41,6 +41,7 @@ from appliance.logs import get_logger
 from .chunking import check_file, zero_id
 from .manifest import BadManifest, Head, Table, apply_untrusted, decode_table_untrusted
 from .manifest import open_untrusted as open_head_untrusted
+from .patch import CONTENT_TYPE, MAX_PATCH_HEAD, Anchors, BadPatch, apply_patch_untrusted
 from .peer import Peer, PeerError
 from .plan import RUN_BYTES, Bitmap, Run, make_plan
 from .store import ImageStore, Location, Version
@@ -65,6 +66,8 @@ class SyncStats:
     table_bytes: int = 0  # chunk tables (or their deltas) fetched
     refused: Counter[str] = field(default_factory=Counter)  # by reason
     resumed: int = 0
+    patched_runs: int = 0  # runs sent as a patch of an older version's bytes (patch.py)
+    patch_bytes: int = 0
     last_error: str = ""
 
     def as_dict(self) -> dict:
@@ -120,7 +123,8 @@ class Syncer:
                 raise
             if exc.errno == errno.ENOSPC:
                 raise SyncError(f"{head.key}: the disk is full; kept what was written") from None
-            raise SyncError(f"{head.key}: {exc.strerror or exc}") from None
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise SyncError(f"{head.key}: {where}{exc.strerror or exc}") from None
 
     async def _table(self, head: Head, peers: list[Peer]) -> Table:
         path = self.store.table_path(head.table)
@@ -163,11 +167,14 @@ class Syncer:
             return table
         raise SyncError(f"{head.key}: no peer gave its chunk table")
 
-    def _base_table(self, name: str) -> Table | None:
+    def _base(self, name: str) -> Version | None:
+        """The newest version of the image held here: the base of deltas and patches."""
         versions = self.store.images.get(name) or {}
-        if not versions:
-            return None
-        return max(versions.values(), key=lambda v: v.head.created).table
+        return max(versions.values(), key=lambda v: v.head.created) if versions else None
+
+    def _base_table(self, name: str) -> Table | None:
+        base = self._base(name)
+        return None if base is None else base.table
 
 
 class _Job:
@@ -182,6 +189,8 @@ class _Job:
         self.fd = -1
         self.unsaved = 0
         self.bitmap = Bitmap(len(table.ids))
+        self.base = syncer._base(head.name) if use_seeds else None
+        self.anchors = None if self.base is None else Anchors(self.base.table)
 
     async def run(self) -> Version:
         resumed = await trio.to_thread.run_sync(self._open)
@@ -305,10 +314,55 @@ class _Job:
                             error=str(exc))  # fmt: skip
                 return
 
+    async def _patched_run(self, peer: Peer, run: Run, response, replaced: tuple[int, int],
+                           limit: RateLimit) -> None:  # fmt: skip
+        """The run rebuilt from a patch of the base's bytes ``replaced`` (patch.py)."""
+        patch = await _read_all(response.body, 2 * run.size + MAX_PATCH_HEAD, peer)
+        await limit.take(len(patch))
+        assert self.base is not None
+        start, stop = replaced
+        with open(self.base.path, "rb") as f:
+            old = await trio.to_thread.run_sync(os.pread, f.fileno(), stop - start, start)
+        try:
+            data = apply_patch_untrusted(patch, old, run.size)
+        except BadPatch as exc:
+            raise _BadChunk(f"{peer}: {exc}") from None
+        self.stats.patched_runs += 1
+        self.stats.patch_bytes += len(patch)
+        view = memoryview(data)
+        at = 0
+        for i in range(run.first, run.end):
+            size = self.table.sizes[i]
+            self._write_chunk(peer, i, view[at : at + size], counted=False)
+            at += size
+        self.stats.bytes_fetched += len(patch)
+
+    def _write_chunk(self, peer: Peer, i: int, chunk, counted: bool = True) -> None:
+        """Check chunk ``i`` against its id and write it in place."""
+        if hashlib.sha256(chunk).digest() != self.table.ids[i]:
+            raise _BadChunk(f"{peer}: chunk {i} of {self.head.key} does not match its id")
+        os.pwrite(self.fd, chunk, self.offsets[i])
+        self.bitmap.set(i)
+        self.stats.chunks_fetched += 1
+        if counted:
+            self.stats.bytes_fetched += len(chunk)
+        self.unsaved += len(chunk)
+
     async def _fetch_run(self, peer: Peer, run: Run, limit: RateLimit) -> None:
         target = f"/images/{self.head.name}/{self.head.version}"
         ranged = [("range", f"bytes={run.offset}-{run.offset + run.size - 1}")]
+        replaced = (None if self.anchors is None
+                    else self.anchors.range(self.table, self.offsets, run.first, run.end))  # fmt: skip
+        if replaced is not None and self.base is not None:  # ask for a patch of what we hold
+            target += f"?base={self.base.head.version}&from={replaced[0]}&to={replaced[1]}"
         async with peer.get(target, ranged) as response:
+            if (
+                response.status == 200
+                and replaced is not None
+                and (response.headers.get(b"content-type") == CONTENT_TYPE)
+            ):
+                await self._patched_run(peer, run, response, replaced, limit)
+                return
             if response.status != 206 or response.headers.get(b"content-range", b"").split(b"/")[
                 0
             ] != (f"bytes {run.offset}-{run.offset + run.size - 1}".encode()):
@@ -325,18 +379,10 @@ class _Job:
                     size = self.table.sizes[i]
                     chunk = view[used : used + size]
                     used += size
-                    if hashlib.sha256(chunk).digest() != self.table.ids[i]:
-                        chunk.release()
-                        view.release()
-                        raise _BadChunk(
-                            f"{peer}: chunk {i} of {self.head.key} does not match its id"
-                        )
-                    os.pwrite(self.fd, chunk, self.offsets[i])
-                    chunk.release()  # else the buffer cannot shrink below
-                    self.bitmap.set(i)
-                    self.stats.chunks_fetched += 1
-                    self.stats.bytes_fetched += size
-                    self.unsaved += size
+                    try:
+                        self._write_chunk(peer, i, chunk)
+                    finally:
+                        chunk.release()  # else the buffer cannot shrink below
                     i += 1
                 view.release()
                 del buf[:used]
@@ -344,6 +390,15 @@ class _Job:
                     await trio.to_thread.run_sync(self._save)
             if i != run.end or buf:
                 raise PeerError(f"{peer}: the run ended at chunk {i} of {run.first}..{run.end - 1}")
+
+
+async def _read_all(body, limit: int, peer: Peer) -> bytes:
+    data = bytearray()
+    async for piece in body:
+        data += piece
+        if len(data) > limit:
+            raise PeerError(f"{peer}: a patch longer than its run")
+    return bytes(data)
 
 
 class _BadChunk(Exception):

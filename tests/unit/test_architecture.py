@@ -52,6 +52,7 @@ SANS_IO = [
     "plugins.images.manifest",
     "plugins.images.render",
     "plugins.images.plan",
+    "plugins.images.patch",
     "appliance.cluster.pki",
     "appliance.cluster.jointoken",
     "appliance.cluster.wire",
