@@ -46,9 +46,9 @@ would also disturb everyone else's measurements. Before every timed run
 ``sync(2)`` flushes the earlier runs' dirty pages, so their writeback does not fall
 in the window; a run's own writes are not flushed inside it (rsync does not
 fsync without ``--fsync``). A warm-up pass of every scenario per system comes first,
-unmeasured (``--no-warmup`` to skip): on this VM the first runs that write a fresh
-GiB were 0.5-1.5 s slower than the next ones (first touch of the guest's memory by
-the host, probably; not verified), whichever scenario came first.
+unmeasured (``--no-warmup`` to skip): without it the first full sync of a run was
+1.1-3 s slower than the next ones in all four runs that had none (cause not
+investigated).
 
 Adding a system (Rackboot's sync, issue 17): a function ``name(ctx: Context) ->
 System`` in :data:`SYSTEMS`, started once per run after the lab exists; its
