@@ -198,7 +198,17 @@ class ImageService:
             raise ControlRequestError(f"{found.head.key} is damaged: {problem}")
         return {"image": found.head.key, "ok": True}
 
+    def _holder_only(self, what: str) -> None:
+        """Removing is the rack's decision: on a standby the follower would only fetch
+        a committed version back."""
+        if not self.node.state.fence.ok():
+            raise ControlRequestError(
+                f"{what} changes the rack's images: run it on the active appliance "
+                "(this one does not hold the rack's lease)"
+            )
+
     async def remove(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._holder_only("image rm")
         found = self._get(args)
         name = found.head.name
         async with self.lock:
@@ -208,6 +218,7 @@ class ImageService:
         return {"removed": [found.head.key], "committed": committed}
 
     async def gc(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._holder_only("image gc")
         keep = args.get("keep") or self.settings.keep_versions
         if not isinstance(keep, int) or keep < 1:
             raise ControlRequestError("keep must be a whole number >= 1")

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from appliance import control
+from appliance.errors import RackbootError
 from tests.support.dhcplab import wait_until
 from tests.support.ha_lab import Rack
 
@@ -125,3 +126,5 @@ def test_an_image_added_on_the_standby_is_committed_by_the_active(image_rack: Ra
     wait_until(lambda: images(active)["images"].get("tools") == "1", 30,
                "the active to sync the standby's image", detail=rack.logs)  # fmt: skip
     assert sha(Path(call(active, "images.show", name="tools")["path"])) == sha(src)
+    with pytest.raises(RackbootError, match="run it on the active"):  # removing is the rack's
+        call(standby, "images.rm", name="tools", version="1")
