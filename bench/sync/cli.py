@@ -55,6 +55,9 @@ System`` in :data:`SYSTEMS`, started once per run after the lab exists; its
 ``prepare(step)`` (untimed) puts ``dst`` in the step's basis state, ``sync(step)``
 (timed, wire counted) brings ``dst`` to ``step.version`` and returns its own
 figures, ``result(step)`` names the file to check. See :class:`System`.
+``--systems rsync,rackboot`` adds Rackboot's (bench/sync/rackboot.py, imported
+only when selected); the default is rsync alone. The systems' order flips every
+repeat; each prints its ratio to rsync's medians.
 """
 
 from __future__ import annotations
@@ -273,7 +276,14 @@ def parse_stats(text: str) -> dict:
     return out
 
 
-SYSTEMS: dict[str, Callable[[Context], System]] = {"rsync": Rsync}
+def rackboot(ctx: Context) -> System:
+    """Rackboot's images sync (bench/sync/rackboot.py), imported only when selected."""
+    from bench.sync.rackboot import Rackboot
+
+    return Rackboot(ctx)
+
+
+SYSTEMS: dict[str, Callable[[Context], System]] = {"rsync": Rsync, "rackboot": rackboot}
 
 
 # -- measuring ---------------------------------------------------------------
@@ -487,7 +497,12 @@ def report(scenario: str, plan: tuple[str, str | None], runs: dict[str, list[Run
             "steal_s": statistics.median(r.steal_s for r in rs),
         }
         keys = rs[0].figures.keys()
-        own = {k: statistics.median(r.figures[k] for r in rs) for k in keys}
+        own = {  # medians of the numbers; anything else as the last run had it
+            k: statistics.median(r.figures[k] for r in rs)
+            if all(isinstance(r.figures[k], int | float) for r in rs)
+            else rs[-1].figures[k]
+            for k in keys
+        }
         entry = {"median": med, "own_median": own, "runs": [asdict(r) for r in rs]}
         line = (f"{name:8} {med['wire']:>13,.0f} {med['rx']:>13,.0f} {med['tx']:>11,.0f} "
                 f"{med['seconds']:>8.2f} {med['server_vcpu_s']:>4.2f}+{med['client_vcpu_s']:<4.2f}")  # fmt: skip
@@ -497,6 +512,9 @@ def report(scenario: str, plan: tuple[str, str | None], runs: dict[str, list[Run
         if name == "rsync":
             line += (f"   {own['literal_data']:,.0f}, {own['matched_data']:,.0f}, "
                      f"{own['bytes_sent']:,.0f}, {own['bytes_received']:,.0f}")  # fmt: skip
+        else:
+            numbers = {k: v for k, v in own.items() if isinstance(v, int | float)}
+            line += "   " + ", ".join(f"{k} {v:,.6g}" for k, v in numbers.items())
         print(line + f"   runs s {[round(r.seconds, 2) for r in rs]}")
         out[name] = entry
     if "rsync" in out:
