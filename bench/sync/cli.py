@@ -514,7 +514,10 @@ def report(scenario: str, plan: tuple[str, str | None], runs: dict[str, list[Run
                      f"{own['bytes_sent']:,.0f}, {own['bytes_received']:,.0f}")  # fmt: skip
         else:
             numbers = {k: v for k, v in own.items() if isinstance(v, int | float)}
-            line += "   " + ", ".join(f"{k} {v:,.6g}" for k, v in numbers.items())
+            line += "   " + ", ".join(
+                f"{k} {v:,.0f}" if float(v).is_integer() else f"{k} {v:,.3f}"
+                for k, v in numbers.items()
+            )
         print(line + f"   runs s {[round(r.seconds, 2) for r in rs]}")
         out[name] = entry
     if "rsync" in out:
