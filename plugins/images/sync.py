@@ -18,9 +18,9 @@ head's digest), then a **partial file** the size of the image with a
 3. the bitmap is saved after the data it covers is on disk (``fdatasync``
    first), every ``SAVE_EVERY`` bytes and at the end: a sync killed at any
    instant resumes without fetching a chunk it had;
-4. complete: the whole file is read once against the head (``check_file``),
-   made read-only and renamed into ``files/`` with its head: only then is it
-   served.
+4. complete (every chunk checked on arrival, or a seed from a complete
+   version, checked when that one was assembled): made read-only and renamed
+   into ``files/`` with its head: only then is it served.
 
 A full disk (``ENOSPC``) stops the sync with :class:`SyncError`; what was
 written stays for the next attempt and no complete version is touched.
@@ -38,7 +38,7 @@ import trio
 
 from appliance.logs import get_logger
 
-from .chunking import check_file, zero_id
+from .chunking import zero_id
 from .manifest import BadManifest, Head, Table, apply_untrusted, decode_table_untrusted
 from .manifest import open_untrusted as open_head_untrusted
 from .patch import CONTENT_TYPE, MAX_PATCH_HEAD, Anchors, BadPatch, apply_patch_untrusted
@@ -103,7 +103,7 @@ class Syncer:
         self.run_bytes = run_bytes
         self.stats = SyncStats()
 
-    async def fetch(self, envelope: bytes, peers: list[Peer], use_seeds: bool = True) -> Version:
+    async def fetch(self, envelope: bytes, peers: list[Peer]) -> Version:
         """Assemble the version ``envelope`` names from ``peers`` (and this node's seeds)."""
         try:
             head = open_head_untrusted(envelope, self.store.trust)
@@ -114,7 +114,7 @@ class Syncer:
         if have is not None:
             return have
         table = await self._table(head, peers)
-        job = _Job(self, head, envelope, table, peers, use_seeds)
+        job = _Job(self, head, envelope, table, peers)
         try:
             return await job.run()
         except (OSError, BaseExceptionGroup) as caught:  # the workers' nursery groups them
@@ -179,25 +179,22 @@ class Syncer:
 
 class _Job:
     def __init__(self, syncer: Syncer, head: Head, envelope: bytes, table: Table,
-                 peers: list[Peer], use_seeds: bool) -> None:  # fmt: skip
+                 peers: list[Peer]) -> None:  # fmt: skip
         self.syncer, self.stats, self.store = syncer, syncer.stats, syncer.store
         self.head, self.envelope, self.table, self.peers = head, envelope, table, peers
-        self.use_seeds = use_seeds
         self.path = self.store.partial_path(head.name, head.version)
         self.done_path = self.path.with_name(self.path.name + ".done")
         self.offsets = table.offsets()
         self.fd = -1
         self.unsaved = 0
         self.bitmap = Bitmap(len(table.ids))
-        self.base = syncer._base(head.name) if use_seeds else None
+        self.base = syncer._base(head.name)
         self.anchors = None if self.base is None else Anchors(self.base.table)
 
     async def run(self) -> Version:
         resumed = await trio.to_thread.run_sync(self._open)
         try:
-            held = (
-                (lambda chunk: self.store.index.get(chunk)) if self.use_seeds else (lambda c: None)
-            )
+            held = self.store.index.get
             plan = make_plan(self.table, held, self._is_zero, self.bitmap,
                              self.syncer.run_bytes)  # fmt: skip
             if resumed:
@@ -208,18 +205,10 @@ class _Job:
             await trio.to_thread.run_sync(self._seed, plan.local, plan.zero, resumed)
             await self._fetch_all(deque(plan.runs))
             await trio.to_thread.run_sync(self._save)
-            problem = await trio.to_thread.run_sync(
-                check_file, self.path, self.table, self.head.sha256
-            )
         finally:
             os.close(self.fd)
-        if problem is not None:  # a damaged seed, most likely: start again without seeds
-            await trio.to_thread.run_sync(self._discard)
-            if self.use_seeds:
-                log.warning("assembled image damaged; again without seeds", image=self.head.key,
-                            detail=problem)  # fmt: skip
-                return await self.syncer.fetch(self.envelope, self.peers, use_seeds=False)
-            raise SyncError(f"{self.head.key}: assembled but damaged: {problem}")
+        if not self.bitmap.all():  # every chunk was written and checked, or a seed
+            raise SyncError(f"{self.head.key}: assembled with chunks missing")
         version = await trio.to_thread.run_sync(
             self.store.adopt, self.envelope, self.table, self.path
         )
