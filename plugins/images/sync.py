@@ -322,20 +322,24 @@ class _Job:
         at = 0
         for i in range(run.first, run.end):
             size = self.table.sizes[i]
-            self._write_chunk(peer, i, view[at : at + size], counted=False)
+            self._write_chunk(peer, i, view[at : at + size])
             at += size
         self.stats.bytes_fetched += len(patch)
 
-    def _write_chunk(self, peer: Peer, i: int, chunk, counted: bool = True) -> None:
-        """Check chunk ``i`` against its id and write it in place."""
+    def _write_chunk(self, peer: Peer, i: int, chunk) -> None:
+        """Check chunk ``i`` (rebuilt from a patch) against its id and write it in place."""
         if hashlib.sha256(chunk).digest() != self.table.ids[i]:
             raise _BadChunk(f"{peer}: chunk {i} of {self.head.key} does not match its id")
         os.pwrite(self.fd, chunk, self.offsets[i])
         self.bitmap.set(i)
         self.stats.chunks_fetched += 1
-        if counted:
-            self.stats.bytes_fetched += len(chunk)
         self.unsaved += len(chunk)
+
+    def _count_chunk(self, i: int, size: int) -> None:
+        self.bitmap.set(i)
+        self.stats.chunks_fetched += 1
+        self.stats.bytes_fetched += size
+        self.unsaved += size
 
     async def _fetch_run(self, peer: Peer, run: Run, limit: RateLimit) -> None:
         target = f"/images/{self.head.name}/{self.head.version}"
@@ -358,27 +362,40 @@ class _Job:
                 async for _ in response.body:
                     pass
                 raise PeerError(f"{peer}: answered {response.status} for {target}")
-            i, buf = run.first, bytearray()
-            async for piece in response.body:
-                buf += piece
-                await limit.take(len(piece))
-                used = 0
-                view = memoryview(buf)
-                while i < run.end and len(buf) - used >= self.table.sizes[i]:
-                    size = self.table.sizes[i]
-                    chunk = view[used : used + size]
-                    used += size
-                    try:
-                        self._write_chunk(peer, i, chunk)
-                    finally:
-                        chunk.release()  # else the buffer cannot shrink below
+            await self._stream_run(peer, run, response.body, limit)
+
+    async def _stream_run(self, peer: Peer, run: Run, body, limit: RateLimit) -> None:
+        """Write each piece where it belongs as it arrives, hashing it into its chunk's
+        digest; a chunk counts (its bit set) only once all of it matched its id. A
+        chunk that does not match leaves bytes on disk that no bit vouches for: they are
+        written again by whoever fetches it next."""
+        i, at = run.first, run.offset  # the chunk being received; the file offset next
+        digest, left = hashlib.sha256(), self.table.sizes[i]
+        async for piece in body:
+            await limit.take(len(piece))
+            view = memoryview(piece)
+            while view:
+                if i >= run.end:
+                    raise PeerError(f"{peer}: more bytes than the run {run.first}..{run.end - 1}")
+                part = view[:left]
+                os.pwrite(self.fd, part, at)
+                digest.update(part)
+                at += len(part)
+                left -= len(part)
+                view = view[len(part) :]
+                if left == 0:
+                    if digest.digest() != self.table.ids[i]:
+                        raise _BadChunk(
+                            f"{peer}: chunk {i} of {self.head.key} does not match its id"
+                        )
+                    self._count_chunk(i, self.table.sizes[i])
                     i += 1
-                view.release()
-                del buf[:used]
-                if self.unsaved >= self.syncer.save_every:
-                    await trio.to_thread.run_sync(self._save)
-            if i != run.end or buf:
-                raise PeerError(f"{peer}: the run ended at chunk {i} of {run.first}..{run.end - 1}")
+                    if i < run.end:
+                        digest, left = hashlib.sha256(), self.table.sizes[i]
+            if self.unsaved >= self.syncer.save_every:
+                await trio.to_thread.run_sync(self._save)
+        if i != run.end:
+            raise PeerError(f"{peer}: the run ended at chunk {i} of {run.first}..{run.end - 1}")
 
 
 async def _read_all(body, limit: int, peer: Peer) -> bytes:
