@@ -210,9 +210,10 @@ async def test_a_client_that_stops_reading_is_cut_after_send_timeout(root):
         async with serving(root, limits) as (address, server):
             client = await Client.connect(address)
             await client.send_raw(b"GET /files/huge.bin HTTP/1.1\r\nhost: x\r\n\r\n")
-            while server.stats.timeouts["send"] == 0:
+            # Counted when the send times out; the slot is released after the socket is
+            # closed (a shielded close, slower under load): wait for both, bounded above.
+            while server.stats.timeouts["send"] == 0 or server.stats.active_connections:
                 await trio.sleep(0.05)
-            assert server.stats.active_connections == 0
             await client.aclose()
 
 
