@@ -40,13 +40,11 @@ class Peer:
         return f"{self.host}:{self.port}"
 
     @asynccontextmanager
-    async def get(
-        self, target: str, headers: list[tuple[str, str]] = (), *, method: str = "GET",
-        body: bytes = b"",
-    ) -> AsyncIterator[Response]:  # fmt: skip
-        """``GET target`` (or ``method`` with ``body``). Read the body to its end to keep
-        the connection; the body's iterator raises :class:`PeerError` when the peer fails
-        mid-way."""
+    async def request(
+        self, method: str, target: str, headers: list[tuple[str, str]] = (), *, body: bytes = b""
+    ) -> AsyncIterator[Response]:
+        """``method target`` with ``body``. Read the response body to its end to keep the
+        connection; its iterator raises :class:`PeerError` when the peer fails mid-way."""
         async with self._io():
             if self.stream is None or self.h11 is None or self.h11.our_state is not h11.IDLE:
                 await self._connect()

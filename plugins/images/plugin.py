@@ -84,7 +84,9 @@ class ImagesPlugin:
         settings = config["images"]
         why = chunk_params(settings).problem()
         if why is not None:
-            raise ConfigError(config.source, "images.avg_chunk", why,
+            raise ConfigError(config.source, "images.avg_chunk",
+                              f"min_chunk <= avg_chunk <= max_chunk within pyfastcdc's limits "
+                              f"({why})",
                               [settings.min_chunk, settings.avg_chunk, settings.max_chunk])  # fmt: skip
 
     @hookimpl

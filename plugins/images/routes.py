@@ -108,13 +108,15 @@ class ImageRoutes:
             log.warning("posted head refused", client=request.client[0], error=str(exc))
             return Response.error(403, "head refused")
         state = self.service.node.state
-        if state.get(REMOVED_NS, head.key) is not None:
-            return Response.error(409, f"{head.key} was removed in the rack")
-        known = state.get(HEADS_NS, head.key)
-        if known is not None:
-            return Response.json({"committed": True}) if known == request.body else (
-                Response.error(409, f"{head.key} is committed with another head"))  # fmt: skip
+        # Checked under the lock an `image rm` commits under: a removal between the check
+        # and the commit would otherwise be undone (and its tombstone cleared).
         async with self.service.lock:
+            if state.get(REMOVED_NS, head.key) is not None:
+                return Response.error(409, f"{head.key} was removed in the rack")
+            known = state.get(HEADS_NS, head.key)
+            if known is not None:
+                return Response.json({"committed": True}) if known == request.body else (
+                    Response.error(409, f"{head.key} is committed with another head"))  # fmt: skip
             committed = await self.service.commit(
                 {head.key: request.body}, {head.name: head.version}
             )

@@ -140,7 +140,7 @@ class ImageService:
         """Offer a head this node could not commit to each peer; the one that committed it."""
         for peer in self.follower.peers:
             try:
-                async with peer.get("/images/_heads", method="POST", body=envelope) as response:
+                async with peer.request("POST", "/images/_heads", body=envelope) as response:
                     async for _ in response.body:
                         pass
             except PeerError:

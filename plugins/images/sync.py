@@ -135,7 +135,9 @@ class Syncer:
         query = f"?base={base.digest().hex()}" if base is not None else ""
         for peer in peers:
             try:
-                async with peer.get(f"/images/_table/{head.table.hex()}{query}") as response:
+                async with peer.request(
+                    "GET", f"/images/_table/{head.table.hex()}{query}"
+                ) as response:
                     body = bytearray()
                     async for piece in response.body:
                         body += piece
@@ -348,7 +350,7 @@ class _Job:
                     else self.anchors.range(self.table, self.offsets, run.first, run.end))  # fmt: skip
         if replaced is not None and self.base is not None:  # ask for a patch of what we hold
             target += f"?base={self.base.head.version}&from={replaced[0]}&to={replaced[1]}"
-        async with peer.get(target, ranged) as response:
+        async with peer.request("GET", target, ranged) as response:
             if (
                 response.status == 200
                 and replaced is not None

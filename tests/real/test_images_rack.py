@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -102,7 +101,6 @@ def test_an_image_reaches_the_standby_an_edit_moves_little_and_a_killed_sync_res
                > 100 << 20, 30, "the standby's sync under way", detail=rack.logs)  # fmt: skip
     os.kill(standby.proc.pid, signal.SIGKILL)
     standby.proc.wait(10)
-    time.sleep(0.2)
     standby.start(timeout=60)
     wait_until(lambda: images(standby)["images"].get("other") == "1", 30,
                "the restarted standby to finish the sync", detail=rack.logs)  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from appliance import control
-from appliance.errors import RackbootError
+from appliance.errors import ConfigError, RackbootError
 from appliance.node import Node
 from plugins.httpboot.plugin import HttpBootPlugin
 from plugins.images.follow import HEADS_NS
@@ -94,3 +94,8 @@ async def test_a_damaged_image_fails_verify_with_a_reason(tmp_path):
                 f.write(b"\0\0\0\0")
             with pytest.raises(RackbootError, match="k@v1 is damaged: chunk 0"):
                 await call(node, "images.verify", name="k")
+
+
+def test_chunk_sizes_pyfastcdc_refuses_are_a_config_error_naming_the_keys(tmp_path):
+    with pytest.raises(ConfigError, match="images.avg_chunk: expected min_chunk <= avg_chunk"):
+        configured(tmp_path, {"images": {"min_chunk": 70_000}}, images=ImagesPlugin())

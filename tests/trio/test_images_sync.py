@@ -164,7 +164,7 @@ async def test_a_head_posted_to_the_lease_holder_is_committed_and_its_chunks_syn
         async with serving(tmp_path, "a", key) as (_, a, peer_a):
             envelope = await add(a, tmp_path, data, "1")  # as a standby would have it
             async with serving(tmp_path, "c", key, peer_a) as (node_c, c, peer_c):
-                async with peer_c.get("/images/_heads", method="POST", body=envelope) as reply:
+                async with peer_c.request("POST", "/images/_heads", body=envelope) as reply:
                     assert reply.status == 201
                     async for _ in reply.body:
                         pass
@@ -173,13 +173,13 @@ async def test_a_head_posted_to_the_lease_holder_is_committed_and_its_chunks_syn
                                  what="the holder to sync the chunks")  # fmt: skip
                 assert c.store.served_path("img").read_bytes() == data
                 await c.remove({"name": "img", "version": "1"})
-                async with peer_c.get("/images/_heads", method="POST", body=envelope) as reply:
+                async with peer_c.request("POST", "/images/_heads", body=envelope) as reply:
                     assert reply.status == 409  # a replayed head does not bring it back
                     async for _ in reply.body:
                         pass
                 forged = seal(dataclasses.replace(a.store.images["img"]["1"].head, version="2"),
                               Ed25519PrivateKey.generate())  # fmt: skip
-                async with peer_c.get("/images/_heads", method="POST", body=forged) as reply:
+                async with peer_c.request("POST", "/images/_heads", body=forged) as reply:
                     assert reply.status == 403
                     async for _ in reply.body:
                         pass
@@ -220,3 +220,30 @@ async def test_a_full_disk_stops_the_sync_cleanly_and_it_resumes_once_there_is_r
             got = await syncer.fetch(envelope, [peer])
             assert got.path.read_bytes() == new and syncer.stats.resumed == 1
             assert syncer.stats.bytes_fetched - fetched < len(new)  # the saved part stayed
+
+
+async def test_a_removal_while_a_posted_head_waits_is_not_undone(tmp_path):
+    # The holder checks the tombstone and commits under the store lock: an `image rm`
+    # holding that lock when the head arrives finishes first, and the head is refused.
+    key = Ed25519PrivateKey.generate()
+    with trio.fail_after(LIMIT):
+        async with serving(tmp_path, "a", key) as (_, a, _peer_a):
+            envelope = await add(a, tmp_path, os.urandom(50_000), "1")
+            async with serving(tmp_path, "c", key) as (node_c, c, peer_c):
+                answers = []
+
+                async def post():
+                    async with peer_c.request("POST", "/images/_heads", body=envelope) as reply:
+                        async for _ in reply.body:
+                            pass
+                    answers.append(reply.status)
+
+                # c.lock: as `image rm` holds it while it commits
+                async with trio.open_nursery() as nursery, c.lock:
+                    nursery.start_soon(post)
+                    await wait_until(lambda: c.lock.statistics().tasks_waiting == 1,
+                                     what="the POST waiting for the lock")  # fmt: skip
+                    assert answers == []
+                    await node_c.state.put("images.removed", "img@1", True)
+                assert answers == [409]
+                assert node_c.state.get("images", "img@1") is None
