@@ -12,9 +12,10 @@ head's digest), then a **partial file** the size of the image with a
 2. the rest in runs of consecutive chunks, one HTTP Range request each
    (``GET /images/NAME/VERSION`` on a peer's httpboot server), from every
    peer at once: each worker takes the next run; every chunk is checked
-   against its id as it arrives and written in place; a chunk that does not
-   match, or a peer that fails, puts the rest of the run back for the other
-   peers, and that peer is not asked again in this sync;
+   against its id once it is in place (written by ``splice(2)``, read back
+   through the file's mapping); a chunk that does not match, or a peer that
+   fails, puts the rest of the run back for the other peers, and that peer is
+   not asked again in this sync;
 3. the bitmap is saved after the data it covers is on disk (``fdatasync``
    first), every ``SAVE_EVERY`` bytes and at the end: a sync killed at any
    instant resumes without fetching a chunk it had;
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import mmap
 import os
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -188,6 +190,7 @@ class _Job:
         self.done_path = self.path.with_name(self.path.name + ".done")
         self.offsets = table.offsets()
         self.fd = -1
+        self.map: mmap.mmap | None = None  # the partial file, read back to check chunks
         self.unsaved = 0
         self.bitmap = Bitmap(len(table.ids))
         self.base = syncer._base(head.name)
@@ -205,9 +208,13 @@ class _Job:
                     "sync resumed", image=self.head.key, done=plan.done, chunks=len(self.table.ids)
                 )
             await trio.to_thread.run_sync(self._seed, plan.local, plan.zero, resumed)
-            await self._fetch_all(deque(plan.runs))
+            if plan.runs:
+                self.map = mmap.mmap(self.fd, self.head.size, prot=mmap.PROT_READ)
+                await self._fetch_all(deque(plan.runs))
             await trio.to_thread.run_sync(self._save)
         finally:
+            if self.map is not None:
+                self.map.close()
             os.close(self.fd)
         if not self.bitmap.all():  # every chunk was written and checked, or a seed
             raise SyncError(f"{self.head.key}: assembled with chunks missing")
@@ -364,40 +371,29 @@ class _Job:
                 async for _ in response.body:
                     pass
                 raise PeerError(f"{peer}: answered {response.status} for {target}")
-            await self._stream_run(peer, run, response.body, limit)
+            await self._stream_run(peer, run, response, limit)
 
-    async def _stream_run(self, peer: Peer, run: Run, body, limit: RateLimit) -> None:
-        """Write each piece where it belongs as it arrives, hashing it into its chunk's
-        digest; a chunk counts (its bit set) only once all of it matched its id. A
-        chunk that does not match leaves bytes on disk that no bit vouches for: they are
-        written again by whoever fetches it next."""
-        i, at = run.first, run.offset  # the chunk being received; the file offset next
-        digest, left = hashlib.sha256(), self.table.sizes[i]
-        async for piece in body:
-            await limit.take(len(piece))
-            view = memoryview(piece)
-            while view:
-                if i >= run.end:
-                    raise PeerError(f"{peer}: more bytes than the run {run.first}..{run.end - 1}")
-                part = view[:left]
-                os.pwrite(self.fd, part, at)
-                digest.update(part)
-                at += len(part)
-                left -= len(part)
-                view = view[len(part) :]
-                if left == 0:
-                    if digest.digest() != self.table.ids[i]:
-                        raise _BadChunk(
-                            f"{peer}: chunk {i} of {self.head.key} does not match its id"
-                        )
+    async def _stream_run(self, peer: Peer, run: Run, response, limit: RateLimit) -> None:
+        """Write the run in place as it arrives (spliced, peer.py) and check each chunk
+        against its id once all of it is in the file (read back through the file's
+        mapping: no copy); a chunk counts (its bit set) only then. A chunk that does
+        not match leaves bytes on disk that no bit vouches for: they are written again
+        by whoever fetches it next."""
+        if response.length != run.size:
+            raise PeerError(f"{peer}: a body of {response.length} bytes for a run of {run.size}")
+        i, received = run.first, 0
+        with memoryview(self.map) as view:
+            async for landed in peer.write_body(response, self.fd, run.offset):
+                await limit.take(landed - received)
+                received = landed
+                while i < run.end and self.offsets[i] + self.table.sizes[i] <= run.offset + landed:
+                    at, size = self.offsets[i], self.table.sizes[i]  # no slice outlives this
+                    if hashlib.sha256(view[at : at + size]).digest() != self.table.ids[i]:
+                        raise _BadChunk(f"{peer}: chunk {i} of {self.head.key} does not match")
                     self._count_chunk(i, self.table.sizes[i])
                     i += 1
-                    if i < run.end:
-                        digest, left = hashlib.sha256(), self.table.sizes[i]
-            if self.unsaved >= self.syncer.save_every:
-                await trio.to_thread.run_sync(self._save)
-        if i != run.end:
-            raise PeerError(f"{peer}: the run ended at chunk {i} of {run.first}..{run.end - 1}")
+                if self.unsaved >= self.syncer.save_every:
+                    await trio.to_thread.run_sync(self._save)
 
 
 async def _read_all(body, limit: int, peer: Peer) -> bytes:
