@@ -177,8 +177,8 @@ class BenchRack(Rack):
         super().__init__(lab, tmp_path, client_addr=True,
                          dhcp=f'lease_time = {subnet.lease_time}\nprobe = "none"\n')  # fmt: skip
 
-    def _node(self, tmp_path: Path, name: str) -> HaNode:
-        node = super()._node(tmp_path, name)
+    def _node(self, tmp_path: Path, name: str, names: tuple[str, ...]) -> HaNode:
+        node = super()._node(tmp_path, name, names)
         net = self.lab.network
         old = f'pools = ["{net.network_address + 100}-{net.network_address + 150}"]'
         text = node.config.read_text()

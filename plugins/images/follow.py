@@ -83,6 +83,7 @@ class Follower:
             retry = False
             async with self.lock:
                 await self._remove_deleted()
+                await self._prune_partials()
                 for key in self.missing():
                     try:
                         await self.syncer.fetch(self.committed[key], self.peers)
@@ -102,6 +103,18 @@ class Follower:
                         await trio.to_thread.run_sync(self.store.set_current, name, version)
             with trio.move_on_after(RETRY if retry else float("inf")):
                 await self.changed.wait()
+
+    async def _prune_partials(self) -> None:
+        """Half-synced versions the rack no longer commits (removed while this node was
+        syncing them, or down) would hold their disk space for ever."""
+        wanted = {key for key, head in self.state.scan(HEADS_NS) if head is not None}
+        try:
+            pruned = await trio.to_thread.run_sync(self.store.prune_partials, wanted)
+        except OSError as exc:
+            log.warning("partial files not pruned", error=str(exc))
+            return
+        for path in pruned:
+            log.info("partial file of a version no longer committed removed", path=path)
 
     async def _remove_deleted(self) -> None:
         deleted, self.deleted = self.deleted, set()

@@ -225,6 +225,8 @@ class ImageService:
         async with self.lock:
             removed = await self._store_call(self.store.gc, keep)
             gone = {key: None for key in removed if "@" in key and " " not in key}
+            wanted = {k for k, head in self.node.state.scan(HEADS_NS) if head is not None}
+            removed += await self._store_call(self.store.prune_partials, wanted - set(gone))
             committed = await self.commit(gone, {}) if gone else True
         return {"removed": removed, "committed": committed}
 

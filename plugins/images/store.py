@@ -209,6 +209,19 @@ class ImageStore:
         (self.root / "tmp").mkdir(mode=0o755, exist_ok=True)
         return removed
 
+    def prune_partials(self, wanted: set[str]) -> list[str]:
+        """Delete the partial files (and bitmaps) of syncs of versions not in ``wanted``
+        (``NAME@VERSION``: those the rack still commits) or held here already; what went."""
+        removed = []
+        for path in sorted((self.root / "partial").glob("*/*")):
+            name, held = path.parent.name, self.images.get(path.parent.name, {})
+            # VERSION, its bitmap VERSION.done, and VERSION.done.tmp (a version may hold dots)
+            of = {path.name.removesuffix(suffix) for suffix in ("", ".done", ".done.tmp")}
+            if not any(f"{name}@{v}" in wanted and v not in held for v in of):
+                path.unlink(missing_ok=True)
+                removed.append(f"partial {path.relative_to(self.root)}")
+        return removed
+
     def adopt(self, envelope: bytes, table: Table, partial: Path) -> Version:
         """A version assembled by a sync (``partial``, checked whole by the caller): made
         read-only and renamed in, its head written last, like :meth:`add`."""

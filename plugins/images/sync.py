@@ -67,14 +67,14 @@ class SyncStats:
     chunks_zero: int = 0
     table_bytes: int = 0  # chunk tables (or their deltas) fetched
     refused: Counter[str] = field(default_factory=Counter)  # by reason
+    by_peer: Counter[str] = field(default_factory=Counter)  # bytes accepted from each peer
     resumed: int = 0
     patched_runs: int = 0  # runs sent as a patch of an older version's bytes (patch.py)
     patch_bytes: int = 0
     last_error: str = ""
 
     def as_dict(self) -> dict:
-        return {**{k: v for k, v in self.__dict__.items() if k != "refused"},
-                "refused": dict(self.refused)}  # fmt: skip
+        return {k: dict(v) if isinstance(v, Counter) else v for k, v in self.__dict__.items()}
 
 
 class RateLimit:
@@ -334,6 +334,7 @@ class _Job:
             self._write_chunk(peer, i, view[at : at + size])
             at += size
         self.stats.bytes_fetched += len(patch)
+        self.stats.by_peer[str(peer)] += len(patch)
 
     def _write_chunk(self, peer: Peer, i: int, chunk) -> None:
         """Check chunk ``i`` (rebuilt from a patch) against its id and write it in place."""
@@ -344,10 +345,11 @@ class _Job:
         self.stats.chunks_fetched += 1
         self.unsaved += len(chunk)
 
-    def _count_chunk(self, i: int, size: int) -> None:
+    def _count_chunk(self, peer: Peer, i: int, size: int) -> None:
         self.bitmap.set(i)
         self.stats.chunks_fetched += 1
         self.stats.bytes_fetched += size
+        self.stats.by_peer[str(peer)] += size
         self.unsaved += size
 
     async def _fetch_run(self, peer: Peer, run: Run, limit: RateLimit) -> None:
@@ -390,7 +392,7 @@ class _Job:
                     at, size = self.offsets[i], self.table.sizes[i]  # no slice outlives this
                     if hashlib.sha256(view[at : at + size]).digest() != self.table.ids[i]:
                         raise _BadChunk(f"{peer}: chunk {i} of {self.head.key} does not match")
-                    self._count_chunk(i, self.table.sizes[i])
+                    self._count_chunk(peer, i, self.table.sizes[i])
                     i += 1
                 if self.unsaved >= self.syncer.save_every:
                     await trio.to_thread.run_sync(self._save)

@@ -1,12 +1,14 @@
-"""Boot images in a rack in network namespaces (issue 17): two appliances and a witness,
-real `rackboot run` processes with the httpboot and images plugins.
+"""Boot images in a rack in network namespaces (issue 17): two (and three) appliances and
+a witness, real `rackboot run` processes with the httpboot and images plugins.
 
 An image added on the active is committed to the rack's state log, reaches the
 standby with it, and the standby assembles it from the active's HTTP server; a
 new version moves only the chunks around the edit. The standby is killed with
 SIGKILL in the middle of a (rate-limited) sync and restarted: it resumes and
 fetches less than the whole image again. An image added on the standby is
-committed through the active, which syncs it from the standby. Every wait bounded.
+committed through the active, which syncs it from the standby. Of three appliances,
+one down while the others sync comes back and fetches from both at once, then refuses
+the chunks of a copy damaged on one standby's disk. Every wait bounded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 
 from appliance import control
 from appliance.errors import RackbootError
-from tests.support.dhcplab import wait_until
+from tests.support.dhcplab import stop_process, wait_until
 from tests.support.ha_lab import Rack
 
 SIZE = 256 << 20
@@ -126,3 +128,58 @@ def test_an_image_added_on_the_standby_is_committed_by_the_active(image_rack: Ra
     assert sha(Path(call(active, "images.show", name="tools")["path"])) == sha(src)
     with pytest.raises(RackbootError, match="run it on the active"):  # removing is the rack's
         call(standby, "images.rm", name="tools", version="1")
+
+
+@pytest.fixture
+def three_rack(lab, tmp_path):
+    made = Rack(lab, tmp_path, dhcp="[httpboot]\nport = 80\n", disabled=("tftp",), appliances=3)
+    try:
+        yield made.start()
+    finally:
+        made.close()
+
+
+def test_three_appliances_a_late_one_syncs_from_both_others_and_refuses_a_corrupted_copy(
+    three_rack: Rack, tmp_path: Path
+):
+    """Two standbys assemble an image; a third appliance, down meanwhile, syncs it from
+    both at once; then the copy of one standby is damaged on its disk, and the third
+    refuses that standby's chunks and takes them from the active."""
+    rack = three_rack
+    (active_name,) = rack.actives()
+    late_name = next(n for n in rack.nodes if n != active_name)
+    early_name = next(n for n in rack.nodes if n not in (active_name, late_name))
+    active, early, late = (rack.nodes[n] for n in (active_name, early_name, late_name))
+    stop_process(late.proc, signal.SIGTERM, 10)
+
+    src = image_file(tmp_path / "v1.img", SIZE, 4)
+    assert call(active, "images.add", name="debian", file=str(src))["committed"] is True
+    wait_until(lambda: images(early)["images"].get("debian") == "1", 30,
+               "the first standby to assemble debian@1", detail=rack.logs)  # fmt: skip
+    late.start(timeout=60)
+    wait_until(lambda: images(late)["images"].get("debian") == "1", 30,
+               "the late appliance to assemble debian@1", detail=rack.logs)  # fmt: skip
+    assert sha(Path(call(late, "images.show", name="debian")["path"])) == sha(src)
+    by_peer = images(late)["sync"]["by_peer"]
+    sources = {f"{rack.hosts[n].addr}:80" for n in (active_name, early_name)}
+    assert set(by_peer) == sources and all(by_peer.values()), by_peer  # both gave chunks
+
+    stop_process(late.proc, signal.SIGTERM, 10)
+    other = image_file(tmp_path / "other.img", 64 << 20, 5)
+    assert call(active, "images.add", name="other", file=str(other))["committed"] is True
+    wait_until(lambda: images(early)["images"].get("other") == "1", 30,
+               "the first standby to assemble other@1", detail=rack.logs)  # fmt: skip
+    damaged = Path(call(early, "images.show", name="other")["path"])
+    with damaged.open("r+b") as f:  # a byte flipped in every MiB: each run it serves is bad
+        for offset in range(4096, 64 << 20, 1 << 20):
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    late.start(timeout=60)
+    wait_until(lambda: images(late)["images"].get("other") == "1", 30,
+               "the late appliance to assemble other@1", detail=rack.logs)  # fmt: skip
+    assert sha(Path(call(late, "images.show", name="other")["path"])) == sha(other)
+    sync = images(late)["sync"]
+    assert sync["refused"].get("chunk", 0) >= 1, sync
+    assert f"{rack.hosts[early_name].addr}:80" not in sync["by_peer"], sync  # nothing kept

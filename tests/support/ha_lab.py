@@ -1,5 +1,5 @@
-"""A rack in network namespaces for HA tests and benchmarks: two appliances (real
-``rackboot run`` with DHCP on the lab link, the election, the VIP) and a witness
+"""A rack in network namespaces for HA tests and benchmarks: two (or three) appliances
+(real ``rackboot run`` with DHCP on the lab link, the election, the VIP) and a witness
 (``rackboot witness``). Identities are made offline (tests/support/ha.py)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from tests.support.ha import enrol_members, node_id
 from tests.support.netns import Lab
 
 PORT = 7471
+APPLIANCES = ("a", "b", "d")  # "c" is the client host
 
 
 class HaNode(DhcpNode):
@@ -36,20 +37,23 @@ class HaNode(DhcpNode):
 
 class Rack:
     def __init__(self, lab: Lab, tmp_path: Path, *, client_addr: bool = False,
-                 dhcp: str = "", disabled: tuple[str, ...] = ("tftp", "httpboot")) -> None:  # fmt: skip
+                 dhcp: str = "", disabled: tuple[str, ...] = ("tftp", "httpboot"),
+                 appliances: int = 2) -> None:  # fmt: skip
         """``client_addr``: the client host gets an address (a relay-style probe needs one);
         ``dhcp``: more ``[dhcp]`` settings, e.g. ``lease_time = 60`` (and after them any
-        other section); ``disabled``: the appliances' disabled plugins."""
+        other section); ``disabled``: the appliances' disabled plugins; ``appliances``:
+        2 (``a``, ``b``) or 3 (and ``d``)."""
         self.dhcp = dhcp
         self.disabled = disabled
         self.lab = lab
-        self.hosts = {n: lab.add_host(n) for n in ("a", "b", "w")}
+        names = APPLIANCES[:appliances]
+        self.hosts = {n: lab.add_host(n) for n in (*names, "w")}
         self.client = lab.add_host("c", bare=not client_addr)
         self.vip = str(lab.network.network_address + 200)
-        dirs = {n: tmp_path / n / "data" for n in ("a", "b")} | {"w": tmp_path / "w"}
-        enrol_members(tmp_path, ["a", "b", "w"], dirs=dirs)
+        dirs = {n: tmp_path / n / "data" for n in names} | {"w": tmp_path / "w"}
+        enrol_members(tmp_path, [*names, "w"], dirs=dirs)
         self.ids = {n: node_id(d) for n, d in dirs.items()}
-        self.nodes = {n: self._node(tmp_path, n) for n in ("a", "b")}
+        self.nodes = {n: self._node(tmp_path, n, names) for n in names}
         self.witness_config = tmp_path / "w.toml"
         self.witness_config.write_text(
             f'[node]\nname = "w"\ndata_dir = "{dirs["w"]}"\n'
@@ -65,8 +69,9 @@ class Rack:
         """How ``[ha] peers`` and ``witnesses`` name a member: its node id and address."""
         return f"{self.ids[name]}@{self.address(name)}"
 
-    def _node(self, tmp_path: Path, name: str) -> HaNode:
-        host, other = self.hosts[name], "b" if name == "a" else "a"
+    def _node(self, tmp_path: Path, name: str, names: tuple[str, ...]) -> HaNode:
+        host = self.hosts[name]
+        peers = ", ".join(f'"{self.member(other)}"' for other in names if other != name)
         net = self.lab.network
         return HaNode(
             host,
@@ -86,7 +91,7 @@ class Rack:
             [ha]
             listen = "{host.addr}"
             port = {PORT}
-            peers = ["{self.member(other)}"]
+            peers = [{peers}]
             witnesses = ["{self.member("w")}"]
             vip = "{self.vip}/{net.prefixlen}"
             vip_interface = "{host.ifname}"
@@ -104,13 +109,13 @@ class Rack:
         for node in self.nodes.values():
             node.start(timeout=60)
         wait_until(lambda: len(self.actives()) == 1, 20, "one active", detail=self.logs)
-        wait_until(self.settled, 10, "the standby counted by the active", detail=self.logs)
+        wait_until(self.settled, 10, "the standbys counted by the active", detail=self.logs)
         return self
 
     def settled(self) -> bool:
-        """One active whose standby follows it with everything it wrote (its announcement
-        of its server identifiers included) and is not declared ineligible: only then may
-        the standby take over (docs/state.md, the commit rule)."""
+        """One active whose standbys follow it with everything it wrote (its announcement
+        of its server identifiers included) and are not declared ineligible: only then may
+        a standby take over (docs/state.md, the commit rule)."""
         actives = self.actives()
         if len(actives) != 1:
             return False
@@ -128,7 +133,7 @@ class Rack:
             and not ha["election"].get("ineligible")
             and not ha["election"].get("declaring")
             and state["lsn"] >= 1
-            and len(followers) == 1
+            and len(followers) == len(self.nodes) - 1
             and all(f["counted"] and f["lag"] == 0 for f in followers.values())
         )
 

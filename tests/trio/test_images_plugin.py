@@ -99,3 +99,32 @@ async def test_a_damaged_image_fails_verify_with_a_reason(tmp_path):
 def test_chunk_sizes_pyfastcdc_refuses_are_a_config_error_naming_the_keys(tmp_path):
     with pytest.raises(ConfigError, match="images.avg_chunk: expected min_chunk <= avg_chunk"):
         configured(tmp_path, {"images": {"min_chunk": 70_000}}, images=ImagesPlugin())
+
+
+async def test_partial_files_of_versions_not_committed_go_at_start_and_with_gc(tmp_path):
+    (tmp_path / "a.img").write_bytes(random.Random(2).randbytes(50_000))
+
+    def leave_partials(node: Node, images: ImagesPlugin, *versions: str) -> list[Path]:
+        store = images.stores[node].store
+        paths = [store.partial_path("debian", v) for v in versions]
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"half")
+            path.with_name(path.name + ".done").write_bytes(b"\x00")
+        return paths
+
+    with trio.fail_after(LIMIT):
+        async with running(tmp_path) as (node, images):
+            await call(node, "images.add", name="debian", file=str(tmp_path / "a.img"))
+            stale, held = leave_partials(node, images, "9", "1")  # 9: never committed
+            removed = await call(node, "images.gc")
+            assert sorted(removed["removed"]) == [
+                "partial partial/debian/1", "partial partial/debian/1.done",
+                "partial partial/debian/9", "partial partial/debian/9.done"]  # fmt: skip
+            assert not stale.exists() and not held.exists()
+            stale, _ = leave_partials(node, images, "9", "1")  # as a crash would leave them
+        async with running(tmp_path) as (node, images):  # the follower prunes at start
+            with trio.fail_after(5):
+                while stale.exists():
+                    await trio.sleep(0.01)
+            assert images.stores[node].store.images["debian"].keys() == {"1"}

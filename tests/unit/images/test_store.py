@@ -126,3 +126,20 @@ def test_names_that_could_escape_the_store_are_refused(tmp_path, name):
     store, sealer = make(tmp_path)
     with pytest.raises(ImageError, match="image name"):
         store.add(name, image(tmp_path / "a.img", 10), None, PARAMS, sealer, now=1.0)
+
+
+def test_partial_files_of_versions_no_longer_committed_are_pruned(tmp_path):
+    store, _ = make(tmp_path)
+    for name, version in (("ubuntu", "2"), ("ubuntu", "3.done"), ("debian", "1.2")):
+        partial = store.partial_path(name, version)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(b"half")
+        partial.with_name(partial.name + ".done").write_bytes(b"\x01")
+    store.partial_path("ubuntu", "2").with_name("2.done.tmp").write_bytes(b"\x01")
+    # ubuntu@2 removed in the rack, the others still committed (a version may hold dots)
+    removed = store.prune_partials({"ubuntu@3.done", "debian@1.2", "other@1"})
+    assert sorted(removed) == ["partial partial/ubuntu/2", "partial partial/ubuntu/2.done",
+                               "partial partial/ubuntu/2.done.tmp"]  # fmt: skip
+    left = sorted(str(p.relative_to(store.root)) for p in (store.root / "partial").glob("*/*"))
+    assert left == ["partial/debian/1.2", "partial/debian/1.2.done",
+                    "partial/ubuntu/3.done", "partial/ubuntu/3.done.done"]  # fmt: skip
