@@ -14,7 +14,6 @@ went each way.
 from __future__ import annotations
 
 import ipaddress
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,10 +24,9 @@ from tests.support.dhcplab import (
     Udhcpc,
     bootp_fields,
     dhcp_options,
-    stop_process,
-    wait_until,
 )
 from tests.support.netns import Lab, have_commands
+from tests.support.relay_lab import Dhcrelay, Router
 
 RELAY_AGENT_INFO = 82
 
@@ -60,15 +58,8 @@ def test_relayed_request_gets_an_address_of_the_relay_subnet_with_option_82_echo
             """,
         ).start()
         sniff = Sniffer(relay_up, tmp_path)
-        log = tmp_path / "dhcrelay.log"
-        with log.open("w") as out:
-            relay = relay_up.popen(
-                ["dhcrelay", "-4", "-d", "-a", "-D", "-pf", str(tmp_path / "dhcrelay.pid"),
-                 "-id", relay_down.ifname, "-iu", relay_up.ifname, server.addr],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-        wait_until(lambda: "Sending on   Socket/fallback" in log.read_text(), 10,
-                   "dhcrelay listening", detail=log.read_text)  # fmt: skip
+        router = Router(lab, relay_up, [far], [relay_down])
+        relay = Dhcrelay(router, tmp_path, [server.addr], flags=("-a", "-D")).start()
 
         dhcp = Udhcpc(client, tmp_path / "udhcpc").start()
         got = dhcp.wait("bound", timeout=15)
@@ -104,5 +95,5 @@ def test_relayed_request_gets_an_address_of_the_relay_subnet_with_option_82_echo
             assert options[RELAY_AGENT_INFO] == requests[fields["xid"]]
 
         dhcp.stop()
-        stop_process(relay)
+        relay.stop()
         node.stop()

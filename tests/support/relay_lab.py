@@ -178,14 +178,17 @@ class RelayNode(DhcpNode):
 
 
 class Dhcrelay:
-    """ISC dhcrelay on the router: every client link down, the upstream link up."""
+    """ISC dhcrelay on the router: every client link down, the upstream link up.
+    ``flags``: more options, e.g. ``-a`` (add option 82, circuit id = the interface's
+    name) and ``-D`` (drop replies whose option 82 is not its own)."""
 
-    def __init__(self, router: Router, workdir: Path, servers: list[str]) -> None:
+    def __init__(self, router: Router, workdir: Path, servers: list[str], *,
+                 flags: tuple[str, ...] = ()) -> None:  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
         self.log = workdir / "dhcrelay.log"
         downs = [arg for down in router.downs for arg in ("-id", down.ifname)]
-        self.argv = ["dhcrelay", "-4", "-d", "-pf", str(workdir / "dhcrelay.pid"), *downs,
-                     "-iu", router.up.ifname, *servers]  # fmt: skip
+        self.argv = ["dhcrelay", "-4", "-d", *flags, "-pf", str(workdir / "dhcrelay.pid"),
+                     *downs, "-iu", router.up.ifname, *servers]  # fmt: skip
         self.host = router.up
         self.proc: subprocess.Popen | None = None
 
