@@ -1,0 +1,3 @@
+from bench.relay.cli import main
+
+raise SystemExit(main())
