@@ -165,7 +165,7 @@ class RelayNode(DhcpNode):
     def check(self) -> None:
         """``rackboot config check`` accepts the file."""
         res = self.host.run(
-            [sys.executable, "-m", "appliance", "config", "check", "--config", str(self.config)],
+            [sys.executable, "-m", "appliance", "config", "check", str(self.config)],
             timeout=20, cwd=REPO,
         )  # fmt: skip
         assert res.returncode == 0, f"config check: {res.stdout}{res.stderr}"
