@@ -215,6 +215,9 @@ def test_hostile_replies_are_dropped_and_counted(lab: Lab, tmp_path: Path) -> No
         wanted = {reason: 1 for reason in hostile}
         wait_until(lambda: relay.dropped() == wanted, 5, f"drops counted as {wanted}",
                    detail=lambda: json.dumps(relay.relay_status()))  # fmt: skip
+        metrics = relay.metrics().splitlines()
+        for reason in hostile:
+            assert f'rackboot_relay_dropped_total{{reason="{reason}"}} 1.0' in metrics, reason
         # A second control after them: the relay handled the hostile ones before it.
         send_reply(srv, srv.addr, router.up.addr, reply(0x5005, down.addr))
         wait_until(lambda: 0x5005 in delivered(), 5, "the second control reply")
