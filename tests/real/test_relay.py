@@ -6,8 +6,8 @@ udhcpc. Servers: Rackboot's DHCP server, Kea, dnsmasq and a rack whose VIP fails
 while relaying. Hostile replies are crafted with scapy and must be dropped and counted.
 A relayed machine's iPXE script and token are answered only to its leased address.
 
-Every capture is on the relay's own interfaces: its upstream one shows what it sent
-the server (``giaddr``, option 82), its client-link ones what reached the clients.
+The three-subnet tests capture on the relay's own interfaces: its upstream one shows what
+it sent the server (``giaddr``, option 82), its client-link ones what reached the clients.
 """
 
 from __future__ import annotations

@@ -137,7 +137,10 @@ def udp_listening(host: Host, port: int = SERVER_PORT) -> bool:
 
 class RelayNode(DhcpNode):
     """``rackboot run`` in the relay namespace with only the relay plugin; ``relay``: more
-    ``[relay]`` keys (TOML lines), ``interface``: more keys of every ``[[relay.interfaces]]``."""
+    ``[relay]`` keys (TOML lines), ``interface``: more keys of every ``[[relay.interfaces]]``.
+
+    DhcpNode's process handling (start, stop, kill9, control calls, CLI) is reused; its
+    configuration file is replaced by the relay's and "serving" means relaying."""
 
     def __init__(self, router: Router, workdir: Path, servers: list[str], *,
                  relay: str = "", interface: str = "") -> None:  # fmt: skip
