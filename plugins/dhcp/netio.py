@@ -26,8 +26,9 @@ SO_DETACH_FILTER = getattr(socket, "SO_DETACH_FILTER", 27)
 _DROP_ALL = struct.pack("=HBBI", 0x06, 0, 0, 0)
 
 
-def open_server_socket(interface: str, port: int) -> socket.socket:
-    """A non-blocking UDP socket on ``0.0.0.0:port`` that sees only ``interface``."""
+def open_server_socket(interface: str | None, port: int) -> socket.socket:
+    """A non-blocking UDP socket on ``0.0.0.0:port`` that sees only ``interface`` (every
+    interface for None: the relay tells them apart by ``IP_PKTINFO``)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -35,7 +36,8 @@ def open_server_socket(interface: str, port: int) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, interface.encode())
+            if interface is not None:
+                sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, interface.encode())
             address = "0.0.0.0"
         except PermissionError:
             if interface != "lo":
@@ -75,11 +77,13 @@ def arrival_address(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int] | 
     return None
 
 
-def source_cmsg(source: int) -> tuple[int, int, bytes]:
+def source_cmsg(source: int, ifindex: int = 0) -> tuple[int, int, bytes]:
     """The ``IP_PKTINFO`` ancillary item of a ``sendmsg`` that leaves from ``source`` (the
     rack's VIP): the kernel takes ``ipi_spec_dst`` as the source address. It must be an
-    address of this host, else the send fails (EINVAL); the interface stays the socket's."""
-    return socket.IPPROTO_IP, IP_PKTINFO, _PKTINFO.pack(0, source.to_bytes(4, "big"), bytes(4))
+    address of this host, else the send fails (EINVAL); the interface stays the socket's,
+    or is ``ifindex`` when given (a broadcast then leaves through that interface)."""
+    spec = source.to_bytes(4, "big")
+    return socket.IPPROTO_IP, IP_PKTINFO, _PKTINFO.pack(ifindex, spec, bytes(4))
 
 
 def interface_address(interface: str) -> int:

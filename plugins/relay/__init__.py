@@ -1,0 +1,1 @@
+"""The DHCP relay plugin (docs/relay.md)."""

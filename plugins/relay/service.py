@@ -1,0 +1,134 @@
+"""The trio shell of the relay: one socket on the server port, the sans-IO agent.
+
+A single UDP socket on ``0.0.0.0:<port>`` hears every interface; ``IP_PKTINFO``
+says which one a datagram came in on: a client-facing interface's datagrams go
+to :meth:`RelayAgent.from_client`, all others to :meth:`RelayAgent.from_server`.
+(Per-interface sockets would each receive every broadcast of the others'
+interfaces too, through the upstream socket a relay needs anyway.) Replies
+leave through the client's interface (``IP_PKTINFO``'s ``ipi_ifindex`` on
+``sendmsg``) from its address; a unicast to a client without an address goes
+to the MAC an ARP entry names, as the DHCP server does.
+
+With ``when = "active"`` a node that does not hold the rack's lease relays
+nothing: a socket filter makes the kernel drop what arrives.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import trio
+
+from appliance.logs import get_logger
+from plugins.dhcp.netio import (
+    CMSG_SPACE,
+    arrival_address,
+    open_server_socket,
+    set_arp_entry,
+    set_deaf,
+    source_cmsg,
+)
+
+from .agent import BROADCAST, Deliver, RelayAgent
+
+log = get_logger("relay")
+
+MAX_DATAGRAM = 65_535
+DRAIN_BATCH = 64
+
+
+class RelayService:
+    def __init__(self, make_agent: Callable[[], RelayAgent], port: int, client_port: int,
+                 relaying: bool = True) -> None:  # fmt: skip
+        self.make_agent = make_agent  # reads the interfaces' addresses: at start
+        self.agent: RelayAgent | None = None
+        self.port, self.client_port = port, client_port
+        self.relaying = relaying
+        self.sock: socket.socket | None = None
+        self.ifindex: dict[int, str] = {}  # client-facing interfaces by index
+        self._cmsg: dict[str, list] = {}  # interface -> IP_PKTINFO for its replies
+        self.send_errors = 0
+        self.arp_refused = 0
+
+    async def run(self, node=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self.agent = agent = self.make_agent()
+        for link in agent.config.links:
+            index = socket.if_nametoindex(link.name)  # OSError names a missing interface
+            self.ifindex[index] = link.name
+            self._cmsg[link.name] = [source_cmsg(link.address, index)]
+        self.sock = sock = open_server_socket(None, self.port)
+        try:
+            self.set_relaying(self.relaying)
+            log.info("relaying", interfaces=",".join(agent.links),
+                     servers=",".join(map(_text, agent.config.servers)))  # fmt: skip
+            task_status.started()
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                while not self._drain(agent, sock):
+                    await trio.lowlevel.checkpoint()
+        finally:
+            sock.close()
+
+    def set_relaying(self, relaying: bool) -> None:
+        self.relaying = relaying
+        if self.sock is not None:
+            set_deaf(self.sock, not relaying)
+
+    def _drain(self, agent: RelayAgent, sock: socket.socket) -> bool:
+        """Relay up to DRAIN_BATCH datagrams; True when the socket is empty."""
+        for _ in range(DRAIN_BATCH):
+            try:
+                data, ancdata, _flags, source = sock.recvmsg(MAX_DATAGRAM, CMSG_SPACE)
+            except BlockingIOError:
+                return True
+            except OSError as exc:  # e.g. an ICMP error queued on the socket
+                log.debug("receive error", error=str(exc))
+                continue
+            found = arrival_address(ancdata)
+            interface = self.ifindex.get(found[0]) if found else None
+            if interface is not None:
+                for forward in agent.from_client(data, interface).forwards:
+                    self._send(sock, forward.payload, (_text(forward.server), self.port))
+            else:
+                outcome = agent.from_server(data, _address(source[0]))
+                if outcome.deliver is not None:
+                    self._deliver(sock, outcome.deliver)
+        return False
+
+    def _deliver(self, sock: socket.socket, deliver: Deliver) -> None:
+        address = deliver.address
+        if deliver.hwaddr is not None and not self._set_arp(sock, deliver):
+            address = BROADCAST
+        destination = (_text(address), self.client_port)
+        try:
+            sock.sendmsg([deliver.payload], self._cmsg[deliver.interface], 0, destination)
+        except OSError as exc:
+            self.send_errors += 1
+            log.debug("reply not delivered", interface=deliver.interface, error=str(exc))
+
+    def _send(self, sock: socket.socket, payload: bytes, destination: tuple[str, int]) -> None:
+        try:
+            sock.sendto(payload, destination)
+        except OSError as exc:  # a full buffer, an unreachable server: the client retries
+            self.send_errors += 1
+            log.debug("request not forwarded", server=destination[0], error=str(exc))
+
+    def _set_arp(self, sock: socket.socket, deliver: Deliver) -> bool:
+        """An ARP entry for the client's new address; False: broadcast instead."""
+        assert deliver.hwaddr is not None
+        try:
+            if set_arp_entry(sock, deliver.interface, _text(deliver.address), deliver.hwaddr):
+                return True
+        except OSError:
+            pass  # ENOBUFS: the neighbour table is full (a DISCOVER storm)
+        self.arp_refused += 1
+        return False
+
+
+def _text(address: int) -> str:
+    return socket.inet_ntoa(address.to_bytes(4, "big"))
+
+
+def _address(text: str) -> int:
+    return int.from_bytes(socket.inet_aton(text), "big")
