@@ -64,7 +64,7 @@ class Captures:
     def check_relayed(self, server: str) -> None:
         """Upstream: requests to ``server`` from the relay's address, ``giaddr`` = the client
         link's address, option 82 circuit id = its interface's name (the default). Client
-        links: an OFFER and an ACK went out on each, none with option 82."""
+        links: an OFFER and an ACK went out on each, by unicast, none with option 82."""
         by_giaddr = {down.addr: down for down in self.router.downs}
         relayed = set()
         for frame in self.up.frames():
@@ -86,6 +86,9 @@ class Captures:
             assert {OFFER, ACK} <= kinds, f"{down.ifname}: replies {kinds}"
             for frame in replies:
                 assert frame["src"] == down.addr and frame["sport"] == 67
+                # RFC 2131 §4.1: udhcpc sets no broadcast flag, so by unicast to yiaddr
+                fields = bootp_fields(frame["payload"])
+                assert not fields["flags"] & 0x8000 and frame["dst"] == fields["yiaddr"], frame
                 assert RELAY_AGENT_INFO not in dhcp_options(frame["payload"]), (
                     f"option 82 reached a client on {down.ifname}"
                 )
