@@ -53,6 +53,7 @@ SANS_IO = [
     "plugins.images.render",
     "plugins.images.plan",
     "plugins.images.patch",
+    "plugins.relay.agent",
     "appliance.cluster.pki",
     "appliance.cluster.jointoken",
     "appliance.cluster.wire",
