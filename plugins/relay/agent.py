@@ -162,6 +162,8 @@ class RelayAgent:
 
     def from_server(self, data: bytes, source: int) -> Outcome:
         """A datagram from ``source`` on the upstream side."""
+        if data[:1] == b"\x01":  # a client's broadcast on the upstream link, not hostile
+            return self._drop("request_on_server_side")
         if source not in self._servers:
             return self._drop("not_a_server")
         try:

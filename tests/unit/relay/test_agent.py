@@ -124,6 +124,8 @@ def test_what_is_dropped_and_counted(side, make, reason):
 def test_a_reply_from_anyone_but_a_server_is_dropped():
     relay = agent()
     assert relay.from_server(offer("10.1.1.1"), SERVER + 5).dropped == "not_a_server"
+    # a client on the upstream link is no hostile server
+    assert relay.from_server(discover(), 0).dropped == "request_on_server_side"
 
 
 def test_a_request_relayed_before_keeps_its_giaddr_and_options():
