@@ -19,6 +19,7 @@ circuit-id, as Rackboot adds by default).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 import time
@@ -137,6 +138,17 @@ class Relay(Server):
         env["PYTHONPATH"] = str(REPO)
         return env
 
+    def system_seconds(self) -> float | None:
+        """The kernel's share of :meth:`cpu_seconds` (stime): socket calls, and on these
+        veths the receiving side's softirq work too, which runs in the sender's context."""
+        if self.proc is None:
+            return None
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        except OSError:
+            return None
+        return int(stat[stat.rfind(")") + 2 :].split()[12]) / os.sysconf("SC_CLK_TCK")
+
     def log_since_start(self) -> str:
         try:
             text = self.log.read_text(errors="replace")
@@ -151,6 +163,7 @@ class RackbootRelay(Relay):
 
     name = "rackboot"
     profilable = True
+    SHELL_COUNTERS = ("send_errors", "arp_refused")
 
     def __init__(self, workdir: Path, lab: RelayLab, cpu: str, options: dict[str, Any]) -> None:
         super().__init__(workdir, lab, cpu, options)
@@ -191,6 +204,8 @@ class RackbootRelay(Relay):
             "requests": sum(i.get("requests", 0) for i in ifaces.values()),
             "replies": sum(i.get("replies", 0) for i in ifaces.values()),
             "dropped": dict(status.get("dropped", {})),
+            # the shell's failures: sendto/sendmsg errors, ARP entries the kernel refused
+            **{k: status[k] for k in self.SHELL_COUNTERS if isinstance(status.get(k), int)},
         }
 
     def load_started(self) -> None:
@@ -207,11 +222,15 @@ class RackbootRelay(Relay):
             for k, n in after["dropped"].items()
             if n - before.get("dropped", {}).get(k, 0)
         }
-        return {
+        out = {
             "requests": after["requests"] - before.get("requests", 0),
             "replies": after["replies"] - before.get("replies", 0),
             "dropped": dropped,
         }
+        for key in self.SHELL_COUNTERS:
+            if key in after and after[key] - before.get(key, 0):
+                out[key] = after[key] - before.get(key, 0)
+        return out
 
 
 class IscDhcrelay(Relay):
