@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--relays", default=",".join(ALL_RELAYS), help="comma-separated from dhcrelay, rackboot"
     )
     p.add_argument(
-        "--rates", default="500,1500", help="offered DORA/s, comma-separated (default 500,1500)"
+        "--rates",
+        default="500,1500,2400,3000",
+        help="offered DORA/s, comma-separated (default 500,1500,2400,3000)",
     )
     p.add_argument("--repeats", type=int, default=3, help="runs per relay and rate (default 3)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per run, -p (default 10)")
