@@ -498,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             bench = Bench(args, lab, workdir, profile_dir)
             env = system.environment(["kea"], lowlat.label)
             env["dhcrelay"] = system._first_line(["dhcrelay", "--version"])
+            env["rackboot"] = tree_state()
             env["gc_thresh3"] = (
                 Path("/proc/sys/net/ipv4/neigh/default/gc_thresh3").read_text().strip()
             )
@@ -577,6 +578,26 @@ def main(argv: list[str] | None = None) -> int:
         if n not in checks or "!!!" in checks[n] or "not available" in checks[n]
     ]
     return 1 if bad or any(r.error for r in runs) else 0
+
+
+def tree_state() -> str:
+    """The commit Rackboot runs from, and whether the relay's code differs from it (the
+    working tree is shared: a run may measure edits not committed yet)."""
+
+    def git(*argv: str) -> str:
+        res = subprocess.run(["git", *argv], capture_output=True, text=True, cwd=REPO, timeout=30)
+        return res.stdout.strip() if res.returncode == 0 else "?"
+
+    head = git("rev-parse", "--short", "HEAD")
+    dirty = git(
+        "status", "--porcelain", "--", "plugins/relay", "plugins/dhcp/netio.py", "appliance"
+    )
+    return head + (
+        " + uncommitted edits in "
+        + ", ".join(sorted({ln.split(None, 1)[-1] for ln in dirty.splitlines()}))
+        if dirty
+        else ""
+    )
 
 
 def profile_summary(runs: list[Run], directory: Path) -> str:
