@@ -192,6 +192,7 @@ class _Job:
         self.fd = -1
         self.map: mmap.mmap | None = None  # the partial file, read back to check chunks
         self.unsaved = 0
+        self.saving = trio.Lock()
         self.bitmap = Bitmap(len(table.ids))
         self.base = syncer._base(head.name)
         self.anchors = None if self.base is None else Anchors(self.base.table)
@@ -269,12 +270,23 @@ class _Job:
         self.stats.chunks_zero += len(zero)
         self._save()
 
-    def _save(self) -> None:
+    async def _save_soon(self) -> None:
+        """Save from a worker: one save at a time (every worker's thread would rename the
+        same temporary file), and none if another worker's save just covered this."""
+        async with self.saving:
+            if self.unsaved >= self.syncer.save_every:
+                # The bits as they are now: chunks checked meanwhile are written after the
+                # fdatasync began and must wait for the next save.
+                snapshot, self.unsaved = self.bitmap.encode(), 0
+                await trio.to_thread.run_sync(self._save, snapshot)
+
+    def _save(self, snapshot: bytes | None = None) -> None:
         os.fdatasync(self.fd)  # the data first: the bitmap never claims what is not on disk
         tmp = self.done_path.with_name(self.done_path.name + ".tmp")
-        tmp.write_bytes(self.bitmap.encode())
+        tmp.write_bytes(self.bitmap.encode() if snapshot is None else snapshot)
         os.replace(tmp, self.done_path)
-        self.unsaved = 0
+        if snapshot is None:
+            self.unsaved = 0
 
     def _discard(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -395,7 +407,7 @@ class _Job:
                     self._count_chunk(peer, i, self.table.sizes[i])
                     i += 1
                 if self.unsaved >= self.syncer.save_every:
-                    await trio.to_thread.run_sync(self._save)
+                    await self._save_soon()
 
 
 async def _read_all(body, limit: int, peer: Peer) -> bytes:

@@ -247,3 +247,23 @@ async def test_a_removal_while_a_posted_head_waits_is_not_undone(tmp_path):
                     await node_c.state.put("images.removed", "img@1", True)
                 assert answers == [409]
                 assert node_c.state.get("images", "img@1") is None
+
+
+async def test_two_peers_saving_the_bitmap_at_once_do_not_trip_over_each_other(tmp_path):
+    # Each worker saves the bitmap (a temporary file renamed over it) in a thread once
+    # enough is unsaved; two workers saving together renamed one temporary file twice
+    # (the second rename: "No such file", the sync failed and waited for its retry).
+    key = Ed25519PrivateKey.generate()
+    data = os.urandom(2_000_000)
+    with trio.fail_after(LIMIT):
+        async with (
+            serving(tmp_path, "a", key) as (_, a, peer_a),
+            serving(tmp_path, "c", key) as (_, c, peer_c),
+        ):
+            envelope = await add(a, tmp_path, data, "1")
+            await add(c, tmp_path, data, "1")
+            for attempt in range(5):
+                syncer = receiver(tmp_path / f"r{attempt}", key, save_every=1, run_bytes=16384)
+                got = await syncer.fetch(envelope, [peer_a, peer_c])
+                assert got.path.read_bytes() == data
+                assert len(syncer.stats.by_peer) == 2  # both worked, saving as they went
