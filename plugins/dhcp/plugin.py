@@ -98,6 +98,11 @@ class DhcpPlugin:
         if self.service is not None:
             self.service.set_active(new is Role.ACTIVE)
 
+    @hookimpl(optionalhook=True)
+    def relay_local_server(self) -> DhcpService | None:
+        """The relay plugin's hook (plugins/relay/hookspecs.py): this process's server."""
+        return self.service
+
     @hookimpl
     def rackboot_status(self, node: Node) -> dict[str, Any]:
         if self.service is None:

@@ -98,6 +98,9 @@ class DhcpService:
         self.l2_unicast = True  # until the kernel refuses us ARP entries
         self._deaf = False  # the sockets drop everything (a standby with nothing to answer)
         self._arp_refused = False  # the last ARP entry failed (logged once per episode)
+        # A relay agent in this process (plugins/relay): its giaddrs and where its replies go
+        self._relay_owns: Callable[[int], bool] | None = None
+        self._relay_deliver: Callable[[bytes, int | None], None] = lambda payload, source: None
 
     async def run(self, node=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(self.store.load_legacy)
@@ -152,11 +155,51 @@ class DhcpService:
             except OSError as exc:  # e.g. ICMP errors queued on the socket
                 log.debug("receive error", interface=interface, error=str(exc))
                 continue
+            if data[:1] == b"\x02" and self._relay_owns is not None:  # a reply: a relay's?
+                self._to_relay(data, _address(source[0]))
+                continue
             found = arrival_address(ancdata)
             local = found[1] if found else fallback
             arrival = Arrival(interface, local, source, loopback)
             self._dispatch(data, arrival, self.server.handle(data, arrival, self.clock()))
         return False
+
+    # -- a relay agent in this process (plugins/relay/hookspecs.py: LocalServer) --------------
+
+    def serves(self, address: int) -> bool:
+        """Does this server answer at ``address`` now: the rack's VIP while active, an
+        address of its interfaces (a relay in this process hands such requests over)."""
+        vip = self.server.config.vip
+        return (
+            bool(self.sockets)
+            and self.server.active
+            and (address in self.own_addresses or (vip is not None and int(vip) == address))
+        )
+
+    def inject(self, payload: bytes, address: int) -> None:
+        """A request a relay of this process sent to ``address``, handled as if it had
+        come in there (its replies go to the relay's ``giaddr``: back to the relay)."""
+        interface = next(iter(self.sockets))  # a relayed reply never uses its socket
+        arrival = Arrival(
+            interface, address, (address_text(address), self.server.config.server_port)
+        )
+        self._dispatch(payload, arrival, self.server.handle(payload, arrival, self.clock()))
+
+    def attach_relay(self, owns: Callable[[int], bool],
+                     deliver: Callable[[bytes, int | None], None]) -> None:  # fmt: skip
+        self._relay_owns, self._relay_deliver = owns, deliver
+        self._hear()  # a standby's sockets carry the relay's replies too: never deaf
+
+    def _to_relay(self, payload: bytes, source: int | None) -> None:
+        """A reply for the relay of this process: ``source`` None for our own."""
+        giaddr = int.from_bytes(payload[24:28], "big")
+        if self._relay_owns is None or not self._relay_owns(giaddr):
+            self.metrics.count(Outcome(dropped="not-a-request"), received=source is not None)
+            return
+        try:
+            self._relay_deliver(payload, source)
+        except Exception as exc:  # the relay's bug must not stop the server
+            log.error("relay hand-over failed", error=f"{type(exc).__name__}: {exc}")
 
     def _dispatch(self, data: bytes, arrival: Arrival, outcome: Outcome, *, again=False) -> None:
         self.metrics.count(outcome, received=not again)
@@ -199,6 +242,10 @@ class DhcpService:
             self.metrics.count(Outcome(dropped="fenced"), received=False)
             return False
         for reply in replies:
+            if self._relay_owns is not None and self._relay_owns(_address(reply.address)):
+                self._to_relay(reply.payload, None)  # a relay of this process: no socket
+                self.metrics.sent(reply.kind)
+                continue
             sock = self.sockets[reply.interface]
             address = reply.address
             if reply.hwaddr is not None and not (
@@ -330,7 +377,8 @@ class DhcpService:
         ``answers_as_standby``) is deaf: the kernel drops what reaches its sockets. Reading
         and dropping every broadcast of a busy rack was ~30 % of a standby's busy time
         (bench.dhcp --ha); the first datagram after this node takes over is heard."""
-        deaf = not self.server.active and not self.server.answers_as_standby()
+        deaf = (not self.server.active and not self.server.answers_as_standby()
+                and self._relay_owns is None)  # fmt: skip
         if deaf == self._deaf:
             return
         self._deaf = deaf
@@ -374,3 +422,7 @@ class DhcpService:
                     except ValueError:
                         continue
         self.server.aliases = aliases | set(self.rack_addresses)
+
+
+def _address(text: str) -> int:
+    return int.from_bytes(socket.inet_aton(text), "big")

@@ -160,11 +160,16 @@ class RelayAgent:
 
     # -- server side --------------------------------------------------------------------
 
-    def from_server(self, data: bytes, source: int) -> Outcome:
-        """A datagram from ``source`` on the upstream side."""
+    def owns(self, address: int) -> bool:
+        """Is ``address`` a giaddr of this relay?"""
+        return address in self._ours
+
+    def from_server(self, data: bytes, source: int, *, local: bool = False) -> Outcome:
+        """A datagram from ``source`` on the upstream side; ``local``: a reply of the DHCP
+        server of this process, handed over (it is a server whatever its address)."""
         if data[:1] == b"\x01":  # a client's broadcast on the upstream link, not hostile
             return self._drop("request_on_server_side")
-        if source not in self._servers:
+        if not local and source not in self._servers:
             return self._drop("not_a_server")
         try:
             end, span82, kind = scan_untrusted(data)

@@ -13,11 +13,14 @@ from appliance.config import Config
 from appliance.logs import get_logger
 from plugins.dhcp.netio import interface_address
 
+from . import hookspecs
 from .agent import RelayAgent
-from .schema import SECTION, relay_config
+from .schema import SECTION, check_beside_dhcp, relay_config
 from .service import RelayService
 
 if TYPE_CHECKING:
+    import pluggy
+
     from appliance.node import Node
 
 log = get_logger("relay")
@@ -28,6 +31,12 @@ class RelayPlugin:
         self.settings: Any = None
         self.source = ""
         self.service: RelayService | None = None
+        self.pm: pluggy.PluginManager | None = None
+
+    @hookimpl
+    def rackboot_addhooks(self, pluginmanager: pluggy.PluginManager) -> None:
+        pluginmanager.add_hookspecs(hookspecs)
+        self.pm = pluginmanager
 
     @hookimpl
     def rackboot_config_schema(self):
@@ -38,6 +47,7 @@ class RelayPlugin:
         self.settings, self.source = config["relay"], config.source
         # What does not depend on the interfaces' addresses is checked now (config check)
         relay_config(self.settings, self.source, {i.name: 1 for i in self.settings.interfaces})
+        check_beside_dhcp(self.settings, config.sections.get("dhcp"), self.source)
 
     @hookimpl
     def rackboot_services(self, node: Node) -> list[Service]:
@@ -49,8 +59,11 @@ class RelayPlugin:
             addresses = {i.name: interface_address(i.name) for i in settings.interfaces}
             return RelayAgent(relay_config(settings, self.source, addresses))
 
+        pm = self.pm
+        assert pm is not None
         self.service = RelayService(make_agent, settings.port, settings.client_port,
-                                    relaying=self._relays(node.role))  # fmt: skip
+                                    relaying=self._relays(node.role),
+                                    find_local=pm.hook.relay_local_server)  # fmt: skip
         node.metrics.register(_Collector(self))
         return [Service("agent", self.service.run)]
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from appliance.api import Bool, Choice, Field, Int, IPv4Address, List, Section, Str, TableList
 from appliance.errors import ConfigError
-from appliance.schema import Listener
 
 from .agent import Link, RelayConfig
 
@@ -82,9 +81,21 @@ SECTION = Section(
             doc="Relay a client's request that carries option 82 already (default: drop it).",
         ),  # fmt: skip
     },
-    # A socket per client-facing interface and one upstream, all on the server port.
-    listeners=(Listener("udp", port="port", when=_relaying),),
+    # No Listener: one socket on 0.0.0.0:port beside the DHCP server's, which are bound to
+    # their interfaces (SO_REUSEADDR on both); check_beside_dhcp keeps their interfaces apart.
 )
+
+
+def check_beside_dhcp(relay: Any, dhcp: Any | None, source: str) -> None:
+    """The DHCP server of this node must not serve an interface the relay relays (both
+    would answer its clients)."""
+    if dhcp is None or not dhcp.enabled or not _relaying(relay) or dhcp.port != relay.port:
+        return
+    for i, item in enumerate(relay.interfaces):
+        if item.name in dhcp.interfaces:
+            raise ConfigError(source, f"relay.interfaces[{i}].name",
+                              "an interface dhcp.interfaces does not list (the DHCP server "
+                              "of this node answers there itself)", item.name)  # fmt: skip
 
 
 def relay_config(relay: Any, source: str, addresses: dict[str, int]) -> RelayConfig:

@@ -1,8 +1,9 @@
 """The trio shell of the relay: one socket on the server port, the sans-IO agent.
 
 A single UDP socket on ``0.0.0.0:<port>`` hears every interface; ``IP_PKTINFO``
-says which one a datagram came in on: a client-facing interface's datagrams go
-to :meth:`RelayAgent.from_client`, all others to :meth:`RelayAgent.from_server`.
+says which one a datagram came in on: a client-facing interface's requests go
+to :meth:`RelayAgent.from_client`, all others, and replies from anywhere, to
+:meth:`RelayAgent.from_server` (a server on a client link answers there).
 (Per-interface sockets would each receive every broadcast of the others'
 interfaces too, through the upstream socket a relay needs anyway.) Replies
 leave through the client's interface (``IP_PKTINFO``'s ``ipi_ifindex`` on
@@ -11,6 +12,12 @@ to the MAC an ARP entry names, as the DHCP server does.
 
 With ``when = "active"`` a node that does not hold the rack's lease relays
 nothing: a socket filter makes the kernel drop what arrives.
+
+With the DHCP server in the same process (``relay_local_server``): a request for
+an address it serves at (the rack's VIP while active) is handed to it, since
+sent it would come back through the loopback to no socket of it; its replies
+for our ``giaddr`` come back the same way, and replies for us that its sockets
+receive (they are bound to their interfaces: the better match) are passed on.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from plugins.dhcp.netio import (
 )
 
 from .agent import BROADCAST, Deliver, RelayAgent
+from .hookspecs import LocalServer
 
 log = get_logger("relay")
 
@@ -40,9 +48,12 @@ DRAIN_BATCH = 64
 
 class RelayService:
     def __init__(self, make_agent: Callable[[], RelayAgent], port: int, client_port: int,
-                 relaying: bool = True) -> None:  # fmt: skip
+                 relaying: bool = True,
+                 find_local: Callable[[], LocalServer | None] = lambda: None) -> None:  # fmt: skip
         self.make_agent = make_agent  # reads the interfaces' addresses: at start
         self.agent: RelayAgent | None = None
+        self.find_local = find_local  # the DHCP server of this process: asked at start
+        self.local: LocalServer | None = None
         self.port, self.client_port = port, client_port
         self.relaying = relaying
         self.sock: socket.socket | None = None
@@ -58,6 +69,9 @@ class RelayService:
             self.ifindex[index] = link.name
             self._cmsg[link.name] = [source_cmsg(link.address, index)]
         self.sock = sock = open_server_socket(None, self.port)
+        self.local = self.find_local()
+        if self.local is not None:
+            self.local.attach_relay(agent.owns, self._from_local)
         try:
             self.set_relaying(self.relaying)
             log.info("relaying", interfaces=",".join(agent.links),
@@ -87,14 +101,28 @@ class RelayService:
                 continue
             found = arrival_address(ancdata)
             interface = self.ifindex.get(found[0]) if found else None
-            if interface is not None:
+            # A reply from any side: a server on a client link (an appliance of the rack
+            # on the same VLANs) answers there; the agent checks its source and giaddr.
+            if interface is not None and data[:1] != b"\x02":
                 for forward in agent.from_client(data, interface).forwards:
-                    self._send(sock, forward.payload, (_text(forward.server), self.port))
+                    if self.local is not None and self.local.serves(forward.server):
+                        self.local.inject(forward.payload, forward.server)
+                    else:
+                        self._send(sock, forward.payload, (_text(forward.server), self.port))
             else:
                 outcome = agent.from_server(data, _address(source[0]))
                 if outcome.deliver is not None:
                     self._deliver(sock, outcome.deliver)
         return False
+
+    def _from_local(self, payload: bytes, source: int | None) -> None:
+        """A reply for us that the DHCP server of this process made (``source`` None) or
+        received from ``source`` on one of its sockets."""
+        if self.agent is None or self.sock is None or not self.relaying:
+            return
+        outcome = self.agent.from_server(payload, source or 0, local=source is None)
+        if outcome.deliver is not None:
+            self._deliver(self.sock, outcome.deliver)
 
     def _deliver(self, sock: socket.socket, deliver: Deliver) -> None:
         address = deliver.address

@@ -128,6 +128,14 @@ def test_a_reply_from_anyone_but_a_server_is_dropped():
     assert relay.from_server(discover(), 0).dropped == "request_on_server_side"
 
 
+def test_a_reply_of_the_server_in_this_process_needs_no_server_source():
+    relay = agent()
+    assert relay.owns(int(IPv4Address("10.0.0.9"))) and not relay.owns(SERVER)
+    out = relay.from_server(offer("10.0.0.9", option82=b"\x01\x04v102"), 0, local=True)
+    assert out.deliver is not None and out.deliver.interface == "vlan102"
+    assert relay.from_server(offer("10.0.0.9"), 0).dropped == "not_a_server"
+
+
 def test_a_request_relayed_before_keeps_its_giaddr_and_options():
     relay = agent()
     relayed = discover(giaddr=IPv4Address("10.50.0.1"), hops=1)
