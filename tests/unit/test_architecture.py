@@ -54,6 +54,7 @@ SANS_IO = [
     "plugins.images.plan",
     "plugins.images.patch",
     "plugins.relay.agent",
+    "plugins.provisioning.lifecycle",
     "appliance.cluster.pki",
     "appliance.cluster.jointoken",
     "appliance.cluster.wire",

@@ -1,0 +1,1 @@
+"""The provisioning plugin (docs/provisioning.md)."""
