@@ -3,7 +3,8 @@
 Scenarios (bench/README.md): ``download``: a 512 MiB file to 1 and to 16 concurrent
 curl clients (aggregate MiB/s); ``scripts``: small boot-script requests per second
 with wrk (16 connections, keep-alive): Rackboot renders the machine's iPXE script,
-nginx sends a static file of the same size; ``flood``: a 16 MiB file's and a
+nginx sends a static file of the same size; ``small``: the same load on a 1 KiB
+static file from both; each with the server's CPU time per request; ``flood``: a 16 MiB file's and a
 script's request times, quiet and under one source's slowloris flood (flood.py). Both servers run at once in one
 namespace, pinned to the same vCPU, one process each (nginx ``worker_processes 1``,
 its access log on like Rackboot's); clients run in another namespace on the other
@@ -23,10 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import results_file
+from bench.dhcp import profile
 from bench.dhcp.system import LowLatency, OtherCPU, cpu_model, missing_packages
 from bench.http import flood
 from bench.tftp.servers import apt
@@ -36,6 +39,8 @@ from tests.support.nodeproc import start_node
 PACKAGES = ["nginx-light", "curl", "wrk", "util-linux"]
 PORTS = {"rackboot": 80, "nginx": 8080}
 MIB = 1 << 20
+SMALL_BYTES = 1024  # the ``small`` scenario's static file
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MAC = "52-54-00-12-34-56"
 # No DHCP here, so no lease binds a machine's script to its address: any may fetch it.
 UNBOUND = "bind_tokens_to_lease = false\n"
@@ -46,10 +51,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size-mib", type=int, default=512, help="download size (512)")
     p.add_argument("--repeats", type=int, default=3, help="runs per server and scenario (3)")
     p.add_argument("--concurrency", default="1,16", help="download client counts (1,16)")
-    p.add_argument("--scenarios", default="download,scripts,flood", help="which, in order")
+    p.add_argument("--scenarios", default="download,scripts,small,flood", help="which, in order")
     p.add_argument("--wrk-seconds", type=int, default=5, help="length of one wrk run (5)")
     p.add_argument("--flood-connections", type=int, default=600,
                    help="slowloris connections of the flood scenario (600)")  # fmt: skip
+    p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                   help="both servers write an access log line per request (default on)")  # fmt: skip
+    p.add_argument("--profile", action="store_true",
+                   help="after the wrk runs, one more on Rackboot under py-spy (not counted)")  # fmt: skip
     p.add_argument("--server-cpu", default="0", help="taskset CPU list of both servers (0)")
     p.add_argument("--client-cpu", default="1", help="taskset CPU list of the clients (1)")
     p.add_argument("--lowlat", action=argparse.BooleanOptionalAction, default=True,
@@ -59,7 +68,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def start_rackboot(srv: Host, root: Path, work: Path, cpu: str) -> subprocess.Popen:
+def start_rackboot(
+    srv: Host, root: Path, work: Path, cpu: str, access_log: bool
+) -> subprocess.Popen:
     config = work / "rackboot.toml"
     config.write_text(
         # Only httpboot: the other plugins' services would share its vCPU. Its shipped
@@ -67,21 +78,21 @@ def start_rackboot(srv: Host, root: Path, work: Path, cpu: str) -> subprocess.Po
         '[plugins]\ndisabled = ["dhcp", "tftp"]\n'
         f'[node]\nname = "bench"\ndata_dir = "{work / "data"}"\n'
         f'[httpboot]\naddresses = ["{srv.addr}"]\nport = {PORTS["rackboot"]}\nroot = "{root}"\n'
-        f"{UNBOUND}"
+        f"{UNBOUND}access_log = {str(access_log).lower()}\n"
     )
     return start_node(
         srv, config, work / "data" / "control.sock", work, "httpboot", prefix=("taskset", "-c", cpu)
     )
 
 
-def start_nginx(srv: Host, root: Path, work: Path, cpu: str) -> subprocess.Popen:
+def start_nginx(srv: Host, root: Path, work: Path, cpu: str, access_log: bool) -> subprocess.Popen:
     conf = work / "nginx.conf"
     conf.write_text(
         f"user root; daemon off; worker_processes 1; pid {work}/nginx.pid;\n"
         f"error_log {work}/nginx-error.log;\n"
         "events { worker_connections 4096; }\n"
         "http {\n  sendfile on; tcp_nopush on; keepalive_requests 1000000;\n"
-        f"  access_log {work}/nginx-access.log;\n"
+        f"  access_log {f'{work}/nginx-access.log' if access_log else 'off'};\n"
         f"  server {{ listen {srv.addr}:{PORTS['nginx']}; location /boot/ {{ alias {root}/; }} }}\n"
         "}\n"
     )
@@ -138,13 +149,60 @@ def download(cli: Host, target: str, n: int, size: int, cpu: str, timeout: float
     return time.monotonic() - started
 
 
-def wrk(cli: Host, target: str, seconds: int, cpu: str) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of ``pid`` and its live descendants (nginx's worker)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rpartition(")")[2].split()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue  # gone meanwhile
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+        todo += [int(child) for child in children]
+    return total
+
+
+def wrk(cli: Host, target: str, seconds: int, cpu: str, server_pid: int) -> tuple[float, float]:
+    """``wrk -t1 -c16`` (keep-alive) on ``target``: requests/s and the server's CPU
+    microseconds per request over the run. A few answers other than 2xx/3xx are reported,
+    not fatal (Rackboot's access log in node.log says which); more than 1 % is."""
+    before = cpu_seconds(server_pid)
     res = cli.run(["taskset", "-c", cpu, "wrk", "-t1", "-c16", f"-d{seconds}s", target],
                   timeout=seconds + 60)  # fmt: skip
+    used = cpu_seconds(server_pid) - before
     match = re.search(r"Requests/sec:\s+([\d.]+)", res.stdout)
-    if res.returncode != 0 or match is None or "Non-2xx" in res.stdout:
+    total = re.search(r"(\d+) requests in", res.stdout)
+    refused = re.search(r"Non-2xx or 3xx responses: (\d+)", res.stdout)
+    if (
+        res.returncode != 0
+        or match is None
+        or total is None
+        or (refused is not None and int(refused.group(1)) * 100 > int(total.group(1)))
+    ):
         raise RuntimeError(f"wrk failed: {res.stdout[-500:]} {res.stderr[-300:]}")
-    return float(match.group(1))
+    if refused is not None:
+        print(f"  {target}: {refused.group(1)} of {total.group(1)} answers not 2xx/3xx")
+    return float(match.group(1)), used * 1e6 / max(int(total.group(1)), 1)
+
+
+def rates(cli: Host, targets: dict[str, str], pids: dict[str, int], args) -> dict:
+    """Repeated wrk runs on each server's target, the order alternated: req/s and CPU µs."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+    for i in range(args.repeats):
+        for name in list(targets) if i % 2 == 0 else list(reversed(targets)):
+            runs[name].append(
+                wrk(cli, targets[name], args.wrk_seconds, args.client_cpu, pids[name])
+            )
+    if args.profile:
+        out = Path(tempfile.mkdtemp(prefix="rackboot-bench-http-spy-")) / "rackboot.txt"
+        spy = profile.start_py_spy(pids["rackboot"], args.wrk_seconds, out)
+        wrk(cli, targets["rackboot"], args.wrk_seconds, args.client_cpu, pids["rackboot"])
+        spy.communicate(timeout=args.wrk_seconds + 30)
+        print(f"py-spy of Rackboot over one more run ({out}):")
+        print(profile.summarize_collapsed(profile.read_collapsed([out]), top=40))
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,17 +224,20 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.size_mib):
             f.write(os.urandom(MIB))
     (root / "vmlinuz").write_bytes(os.urandom(flood.FILE_MIB * MIB))
+    (root / "small.bin").write_bytes(os.urandom(SMALL_BYTES))
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     results: dict[str, dict] = {}
     try:
         with LowLatency(args.lowlat) as lowlat, Lab(prefix="rbh") as lab:
             srv, cli, fld = lab.add_host("srv"), lab.add_host("cli"), lab.add_host("fld")
-            start_rackboot(srv, root, work, args.server_cpu)
+            pids = {
+                "rackboot": start_rackboot(srv, root, work, args.server_cpu, args.access_log).pid
+            }
             script = cli.run(
                 ["curl", "-sS", "--fail", url(srv, "rackboot", f"/boot/{MAC}.ipxe")]
             ).stdout
             (root / "script.ipxe").write_text(script)  # nginx's static twin, same size
-            start_nginx(srv, root, work, args.server_cpu)
+            pids["nginx"] = start_nginx(srv, root, work, args.server_cpu, args.access_log).pid
             targets = {
                 "rackboot": (
                     url(srv, "rackboot", "/boot/big.bin"),
@@ -197,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench.http {stamp}: {args.size_mib} MiB file, median of {args.repeats}")
             print(f"env: cpu={cpu_model()} vcpus={os.cpu_count()} python={sys.version.split()[0]} "
                   f"lowlat={lowlat.label} server cpu {args.server_cpu}, client cpu {args.client_cpu}, "
-                  f"nginx={nginx_version()} worker_processes 1")  # fmt: skip
+                  f"nginx={nginx_version()} worker_processes 1 access_log={args.access_log}")  # fmt: skip
             others = OtherCPU(lab.namespaces)
             others.start()
             if "download" in scenarios:
@@ -212,13 +273,13 @@ def main(argv: list[str] | None = None) -> int:
                             )
                     results[f"download-{n}"] = report_download(n, size, walls)
             if "scripts" in scenarios:
-                rates: dict[str, list[float]] = {"rackboot": [], "nginx": []}
-                for i in range(args.repeats):
-                    for name in ["rackboot", "nginx"] if i % 2 == 0 else ["nginx", "rackboot"]:
-                        rates[name].append(
-                            wrk(cli, targets[name][1], args.wrk_seconds, args.client_cpu)
-                        )
-                results["scripts"] = report_rates(rates, len(script))
+                runs = rates(cli, {name: t[1] for name, t in targets.items()}, pids, args)
+                results["scripts"] = report_rates(f"scripts ({len(script)} B)", runs)
+            if "small" in scenarios:
+                runs = rates(cli, {name: url(srv, name, "/boot/small.bin") for name in PORTS},
+                             pids, args)  # fmt: skip
+                results["small"] = report_rates(f"small file ({SMALL_BYTES} B)", runs)
+            print(f"rackboot's answers other than 200: {unusual_statuses(work / 'node.log')}")
             if "flood" in scenarios:
                 results["flood"] = flood.measure(
                     cli, fld, srv.addr, PORTS,
@@ -233,6 +294,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         results_file.save("http", stamp, args.json, vars(args), results)
     return 0
+
+
+def unusual_statuses(node_log: Path) -> dict[str, int]:
+    """Rackboot's access-log lines with a status other than 200, counted by status, and
+    its warnings and errors (empty without the access log)."""
+    seen: Counter[str] = Counter()
+    for line in node_log.read_text(errors="replace").splitlines():
+        status = re.search(r" status=(\d+)", line)
+        if status is not None and status.group(1) != "200":
+            seen[status.group(1)] += 1
+        elif "level=error" in line or "level=warning" in line:
+            seen[line[:160]] += 1
+    return dict(seen)
 
 
 def nginx_version() -> str:
@@ -254,13 +328,18 @@ def report_download(n: int, size: int, walls: dict[str, list[float]]) -> dict:
     return out
 
 
-def report_rates(rates: dict[str, list[float]], script_bytes: int) -> dict:
-    out = {
-        name: {"req_s": runs, "median_req_s": statistics.median(runs)}
-        for name, runs in rates.items()
-    }
+def report_rates(label: str, runs: dict[str, list[tuple[float, float]]]) -> dict:
+    out: dict = {
+        name: {"req_s": [r for r, _ in measured], "cpu_us_per_request": [c for _, c in measured],
+               "median_req_s": statistics.median(r for r, _ in measured),
+               "median_cpu_us": statistics.median(c for _, c in measured)}
+        for name, measured in runs.items()
+    }  # fmt: skip
     ratio = out["rackboot"]["median_req_s"] / out["nginx"]["median_req_s"]
     out["ratio"] = ratio
-    print(f"scripts ({script_bytes} B, wrk -c16)  rackboot {out['rackboot']['median_req_s']:8.0f} req/s   "
-          f"nginx {out['nginx']['median_req_s']:8.0f} req/s   ratio {ratio:.2f}x")  # fmt: skip
+    print(f"{label}, wrk -c16:  rackboot {out['rackboot']['median_req_s']:8.0f} req/s "
+          f"{out['rackboot']['median_cpu_us']:6.0f} µs CPU/req   "
+          f"nginx {out['nginx']['median_req_s']:8.0f} req/s {out['nginx']['median_cpu_us']:6.0f} µs CPU/req   "
+          f"ratio {ratio:.2f}x  (runs req/s: rackboot {[round(r) for r in out['rackboot']['req_s']]}, "
+          f"nginx {[round(r) for r in out['nginx']['req_s']]})")  # fmt: skip
     return out
