@@ -28,6 +28,7 @@ from appliance import confine
 from appliance.logs import get_logger
 from appliance.state.store import NotWriter
 
+from .beneath import BeneathRoot
 from .events import BadEvent, Event, parse_event_untrusted
 from .identity import bearer_untrusted, machine_token, parse_mac_untrusted, token_matches
 from .machines import Machines
@@ -78,6 +79,7 @@ class BuiltinRoutes:
         node_name: str = "",
     ) -> None:
         self.root = root
+        self.beneath = BeneathRoot(root)  # the fast path of confine.open_confined
         self.policy = policy
         self.secret = secret  # the rack's token secret, None until this node has it
         self.store = store
@@ -114,7 +116,10 @@ class BuiltinRoutes:
     # -- boot -------------------------------------------------------------
 
     def static(self, request: Request) -> Response:
-        try:
+        opened = self.beneath.open(request.params["path"])  # a regular file under the root
+        if opened is not None:
+            return Response.file(*opened)
+        try:  # anything else: the one answer of the full resolution (404, 403 or the file)
             handle, st = confine.open_confined(self.root, request.params["path"])
         except (confine.NotFound, FileNotFoundError, NotADirectoryError):
             return Response.error(404)
