@@ -10,6 +10,16 @@ takes nothing for ``send_timeout`` is cut. Heads are capped by h11's ``max_incom
 (431), bodies by the route's ``max_body`` (413). A connection that cannot be
 reused (an unread body, a protocol error) is answered with ``Connection: close``.
 
+On a TCP socket the loop reads what has already arrived and writes what fits
+with plain non-blocking system calls, and goes through trio (a wait, a
+checkpoint) only when the socket is empty or full: a kept-alive client's next
+request usually waits for nothing. After ``MAX_UNYIELDED`` requests in a row
+answered without a wait the connection yields (a trio checkpoint), so a client
+that pipelines cannot keep the other connections from their turn. A small file
+(``SMALL_FILE`` bytes at most) leaves with its head in one write.
+
+h11 is ``h11-mypyc``, the same parser compiled (about 3 times faster here).
+
 The server learns what the connection waits for through ``on_phase`` (a head,
 ``HEAD``; the next request, ``IDLE``; or nothing, ``BUSY``, while a request is
 answered): a full table may close a waiting one for a newcomer (admission.py),
@@ -25,13 +35,14 @@ connection to the node's own address has no guard.
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-import h11
+import h11_mypyc as h11
 import trio
 
 from appliance.logs import get_logger
@@ -39,7 +50,7 @@ from appliance.logs import get_logger
 from .admission import BUSY, HEAD, IDLE
 from .conditional import http_date
 from .files import fit_to_request
-from .messages import Request, Response, Route
+from .messages import FileRegion, Request, Response, Route
 from .router import Router
 from .sendfile import FileChanged, SendTimeout, send_head_and_file
 from .stats import Stats
@@ -53,6 +64,9 @@ SERVER = b"rackboot"
 MAX_LOGGED_TARGET = 256
 LINGER_SECONDS = 2.0  # after an error with the request body unread: let the client see it
 LINGER_BYTES = 256 << 10
+MAX_UNYIELDED = 16  # requests answered without a wait before the others' turn is forced
+SMALL_FILE = 64 << 10  # read into memory and written with the head in one call
+_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,10 @@ class Connection:
         self.guard = guard  # fence.ok on a connection to the VIP; None: the node's own address
         self.on_phase = on_phase or (lambda phase: None)  # the server's admission table
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        # The socket's descriptor for reads and writes that need no wait (None: another
+        # kind of stream, e.g. a test's memory stream, always goes through trio).
+        self.fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+        self.unyielded = 0
         self.phase = "request"  # a new connection owes its first request within request_timeout
         self.request_started = trio.current_time()
         self.deadline = self.request_started + limits.request_timeout
@@ -127,6 +145,10 @@ class Connection:
     async def serve(self) -> None:
         try:
             while await self._one_exchange():
+                self.unyielded += 1
+                if self.unyielded >= MAX_UNYIELDED:
+                    self.unyielded = 0
+                    await trio.lowlevel.checkpoint()
                 self.h11.start_next_cycle()
                 self.phase = "idle"
                 self.deadline = trio.current_time() + self.limits.idle_timeout
@@ -149,13 +171,48 @@ class Connection:
         self.on_phase(HEAD)
 
     async def _fill(self) -> None:
-        with trio.move_on_at(self.deadline) as scope:
-            data = await self.stream.receive_some(RECEIVE_SIZE)
-        if scope.cancelled_caught:
-            raise _Timeout(self.phase)
+        data = self._read_now()
+        while data is None:  # nothing yet: wait (bounded by the deadline)
+            with trio.move_on_at(self.deadline) as scope:
+                if self.fd is None:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                else:  # the read just tried said EAGAIN: wait for the socket, not a 2nd try
+                    await trio.lowlevel.wait_readable(self.fd)
+            if scope.cancelled_caught:
+                raise _Timeout(self.phase)
+            self.unyielded = 0
+            if data is None:
+                data = self._read_now()
         if data and self.phase == "idle":
             self._request_started()
         self.h11.receive_data(bytes(data))
+
+    def _read_now(self) -> bytes | None:
+        """What the socket holds already, without a wait; None if it holds nothing."""
+        if self.fd is None:
+            return None
+        try:
+            data = os.read(self.fd, RECEIVE_SIZE)
+        except BlockingIOError:
+            return None
+        if trio.current_time() >= self.deadline:  # as trio's cancelled wait would have it
+            raise _Timeout(self.phase)
+        return data
+
+    async def _send_bytes(self, data: bytes) -> None:
+        """Write ``data``: what fits at once without a wait, the rest through trio within
+        ``send_timeout``."""
+        sent = 0
+        if self.fd is not None:
+            try:
+                sent = os.write(self.fd, data)
+            except BlockingIOError:
+                sent = 0
+        if sent < len(data):
+            with trio.move_on_after(self.limits.send_timeout) as scope:
+                await self.stream.send_all(memoryview(data)[sent:] if sent else data)
+            if scope.cancelled_caught:
+                raise _Timeout("send")
 
     async def _next_event(self) -> Any:
         """The next h11 event (``Request``, ``Data``, ``EndOfMessage``, ``ConnectionClosed``)."""
@@ -289,37 +346,43 @@ class Connection:
         if close:
             headers.append((b"connection", b"close"))
         head = self.h11.send(
-            h11.Response(
-                status_code=response.status,
-                headers=headers,
-                reason=HTTPStatus(response.status).phrase.encode(),
-            )
-        )
+            h11.Response(status_code=response.status, headers=headers,
+                         reason=_REASONS.get(response.status, b""))
+        )  # fmt: skip
         if response.region is not None and not bodyless and length:
             # h11 counts the region against Content-Length by len() and passes it through
             self.h11.send_with_data_passthrough(h11.Data(data=response.region))  # type: ignore[arg-type]
             self.h11.send(h11.EndOfMessage())
-            try:
-                await send_head_and_file(
-                    self.stream, head, response.region, self.limits.send_timeout
-                )
-            except SendTimeout:
-                raise _Timeout("send") from None
-            except FileChanged:
-                log.error("file shrank while it was sent", path=request.path)
-                raise trio.BrokenResourceError from None
+            if self.fd is not None and length <= SMALL_FILE:
+                await self._send_bytes(head + self._read_small(request, response.region))
+            else:
+                await self._send_file(request, head, response.region)
         else:
             data = head
             if response.body and not bodyless:
                 data += self.h11.send(h11.Data(data=response.body))
             data += self.h11.send(h11.EndOfMessage())
-            with trio.move_on_after(self.limits.send_timeout) as scope:
-                await self.stream.send_all(data)
-            if scope.cancelled_caught:
-                raise _Timeout("send")
+            await self._send_bytes(data)
         sent = 0 if bodyless else length
         self.stats.bytes_sent += sent
         return sent
+
+    def _read_small(self, request: Request, region: FileRegion) -> bytes:
+        """A small region's bytes (from the page cache: boot files are read over and over)."""
+        data = os.pread(region.handle.fileno(), region.count, region.offset)
+        if len(data) < region.count:
+            log.error("file shrank while it was sent", path=request.path)
+            raise trio.BrokenResourceError
+        return data
+
+    async def _send_file(self, request: Request, head: bytes, region: FileRegion) -> None:
+        try:
+            await send_head_and_file(self.stream, head, region, self.limits.send_timeout)
+        except SendTimeout:
+            raise _Timeout("send") from None
+        except FileChanged:
+            log.error("file shrank while it was sent", path=request.path)
+            raise trio.BrokenResourceError from None
 
     async def _send_error(self, status: int) -> None:
         """Answer a request h11 could not parse, if it is still possible to answer."""
