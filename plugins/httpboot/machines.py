@@ -30,7 +30,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -61,9 +61,10 @@ class Boot:
     node: str = ""
 
     def value(self) -> dict[str, Any]:
-        fields = asdict(self)
-        del fields["mac"]
-        return fields
+        """The state entry (the MAC is its key). Spelled out: ``asdict`` deep-copies each
+        field, ~25 µs of every new boot's script."""
+        return {"nonce": self.nonce, "address": self.address, "lease": self.lease,
+                "time": self.time, "node": self.node}  # fmt: skip
 
 
 def boot_from_state_untrusted(mac: str, value: Any) -> Boot | None:

@@ -23,6 +23,7 @@ import re
 MAX_TARGET = 4096
 _ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
 _LOOKS_ENCODED = re.compile(r"%[0-9A-Fa-f]{2}")
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 
 
 class BadTarget(Exception):
@@ -52,8 +53,10 @@ def split_target_untrusted(target: bytes) -> tuple[str, bytes]:
     raw_path, _, query = target.partition(b"?")
     if raw_path.count(b"%") != len(_ESCAPE.findall(raw_path)):
         raise BadTarget("malformed percent-encoding")
-    decoded = _ESCAPE.sub(lambda m: _unescape(m.group(1)), raw_path)
-    if any(b < 0x20 or b == 0x7F for b in decoded):
+    decoded = (
+        _ESCAPE.sub(lambda m: _unescape(m.group(1)), raw_path) if b"%" in raw_path else raw_path
+    )
+    if _CONTROL.search(decoded):
         raise BadTarget("control character")
     if b"\\" in decoded:
         raise Forbidden("backslash")
