@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import io
 import os
 import stat
 from pathlib import Path
@@ -89,7 +90,7 @@ class BeneathRoot:
         try:
             st = os.fstat(fd)
             if stat.S_ISREG(st.st_mode):
-                return os.fdopen(fd, "rb", buffering=0), st
+                return io.FileIO(fd, "rb"), st  # what os.fdopen(fd, "rb", buffering=0) is
         except BaseException:
             os.close(fd)
             raise

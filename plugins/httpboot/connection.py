@@ -35,6 +35,7 @@ connection to the node's own address has no guard.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import time
 from collections.abc import Callable
@@ -138,23 +139,19 @@ class Connection:
         # kind of stream, e.g. a test's memory stream, always goes through trio).
         self.fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
         self.unyielded = 0
+        self.reading = trio.CancelScope()  # serve() enters it
         self.phase = "request"  # a new connection owes its first request within request_timeout
         self.request_started = trio.current_time()
         self.deadline = self.request_started + limits.request_timeout
 
     async def serve(self) -> None:
         try:
-            while await self._one_exchange():
-                self.unyielded += 1
-                if self.unyielded >= MAX_UNYIELDED:
-                    self.unyielded = 0
-                    await trio.lowlevel.checkpoint()
-                self.h11.start_next_cycle()
-                self.phase = "idle"
-                self.deadline = trio.current_time() + self.limits.idle_timeout
-                self.on_phase(IDLE)
-                if self.h11.trailing_data[0]:  # a pipelined request is already here
-                    self._request_started()
+            # The read deadline: one scope for the connection's life, armed only while a
+            # read waits (a scope per wait cost ~8 % of a small file's CPU per request).
+            with self.reading:
+                await self._exchanges()
+            if self.reading.cancelled_caught:
+                raise _Timeout(self.phase)
         except _Timeout as timeout:
             self.stats.timeouts[timeout.phase] += 1
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
@@ -163,6 +160,19 @@ class Connection:
             with trio.move_on_after(0.5) as cleanup:
                 cleanup.shield = True
                 await self.stream.aclose()
+
+    async def _exchanges(self) -> None:
+        while await self._one_exchange():
+            self.unyielded += 1
+            if self.unyielded >= MAX_UNYIELDED:
+                self.unyielded = 0
+                await trio.lowlevel.checkpoint()
+            self.h11.start_next_cycle()
+            self.phase = "idle"
+            self.deadline = trio.current_time() + self.limits.idle_timeout
+            self.on_phase(IDLE)
+            if self.h11.trailing_data[0]:  # a pipelined request is already here
+                self._request_started()
 
     def _request_started(self) -> None:
         self.phase = "request"
@@ -173,12 +183,15 @@ class Connection:
     async def _fill(self) -> None:
         data = self._read_now()
         while data is None:  # nothing yet: wait (bounded by the deadline)
-            with trio.move_on_at(self.deadline) as scope:
+            self.reading.deadline = self.deadline  # past it, the wait ends serve() (a timeout)
+            try:
                 if self.fd is None:
                     data = await self.stream.receive_some(RECEIVE_SIZE)
                 else:  # the read just tried said EAGAIN: wait for the socket, not a 2nd try
                     await trio.lowlevel.wait_readable(self.fd)
-            if scope.cancelled_caught:
+            finally:
+                self.reading.deadline = math.inf
+            if self.reading.cancel_called:  # the deadline passed as the data came: too late
                 raise _Timeout(self.phase)
             self.unyielded = 0
             if data is None:
