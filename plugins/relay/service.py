@@ -58,6 +58,7 @@ class RelayService:
         self.relaying = relaying
         self.sock: socket.socket | None = None
         self.ifindex: dict[int, str] = {}  # client-facing interfaces by index
+        self._not_ours: set[int] = set()  # indexes of other interfaces (the server side)
         self._cmsg: dict[str, list] = {}  # interface -> IP_PKTINFO for its replies
         self.send_errors = 0
         self.arp_refused = 0
@@ -101,6 +102,8 @@ class RelayService:
                 continue
             found = arrival_address(ancdata)
             interface = self.ifindex.get(found[0]) if found else None
+            if interface is None and found and found[0] not in self._not_ours:
+                interface = self._learn(found[0])
             # A reply from any side: a server on a client link (an appliance of the rack
             # on the same VLANs) answers there; the agent checks its source and giaddr.
             if interface is not None and data[:1] != b"\x02":
@@ -114,6 +117,27 @@ class RelayService:
                 if outcome.deliver is not None:
                     self._deliver(sock, outcome.deliver)
         return False
+
+    def _learn(self, index: int) -> str | None:
+        """A client-facing interface deleted and made again (a network reconfigured) has
+        a new index: found by its name. Other indexes are remembered as not ours."""
+        assert self.agent is not None
+        try:
+            name = socket.if_indextoname(index)
+        except OSError:
+            name = ""
+        link = self.agent.links.get(name)
+        if link is None:
+            if len(self._not_ours) >= 1024:
+                self._not_ours.clear()
+            self._not_ours.add(index)
+            return None
+        for old in [i for i, n in self.ifindex.items() if n == name]:
+            del self.ifindex[old]
+        self.ifindex[index] = name
+        self._cmsg[name] = [source_cmsg(link.address, index)]
+        log.info("client interface has a new index", interface=name, index=index)
+        return name
 
     def _from_local(self, payload: bytes, source: int | None) -> None:
         """A reply for us that the DHCP server of this process made (``source`` None) or

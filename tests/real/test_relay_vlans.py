@@ -79,7 +79,8 @@ def batch(host: Host, commands: list[str]) -> None:
     assert res.returncode == 0, f"ip -batch in {host.ns}: {res.stderr}"
 
 
-def vlan_interfaces(kind: str, relay: Host, client: Host) -> tuple[list[Host], list[Host]]:
+def vlan_interfaces(kind: str, relay: Host, client: Host,
+                    vids: range = VLANS) -> tuple[list[Host], list[Host]]:  # fmt: skip
     """An interface ``v<id>`` per VLAN in the relay's and the client's namespace, up; the
     relay's with the VLAN's ``.1``, the client's bare with a MAC of its own. ``kind``:
 
@@ -90,7 +91,7 @@ def vlan_interfaces(kind: str, relay: Host, client: Host) -> tuple[list[Host], l
 
     Hosts for them in VLAN order (with the trunk's lab: processes stop with it)."""
     ups, downs, relay_side, client_side = [], [], [], []
-    for vid in VLANS:
+    for vid in vids:
         name, network, mac = f"v{vid}", vlan_network(vid), vlan_mac(vid)
         assert len(name) <= IFNAMSIZ
         address = str(network.network_address + 1)
@@ -165,5 +166,17 @@ def test_two_dozen_vlans_through_the_relay_each_client_from_its_own_subnet(
             # DISCOVER and REQUEST up, OFFER and ACK down, on every VLAN
             assert counts["requests"] >= 2 and counts["replies"] >= 2, (down.ifname, counts)
         assert status["dropped"] == {} and status["send_errors"] == 0, detail
+
+        # A VLAN deleted and made again while the relay runs (a network reconfigured):
+        # its interface has a new index, which the relay learns by its name.
+        first = VLANS[0]
+        batch(trunk.downs[0], [f"link del v{first}"])
+        if kind == "8021q":
+            batch(client, [f"link del v{first}"])
+        (down,), (up,) = vlan_interfaces(kind, trunk.downs[0], client, range(first, first + 1))
+        again = Udhcpc(up, tmp_path / "again").start()
+        bound = again.wait("bound", BOUND_TIMEOUT)
+        assert router.in_pool(0, bound["ip"]), bound
+        again.stop()
         relay.stop()
         node.stop()
