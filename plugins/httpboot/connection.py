@@ -181,7 +181,7 @@ class Connection:
         self.on_phase(HEAD)
 
     async def _fill(self) -> None:
-        data = self._read_now()
+        data: bytes | bytearray | None = self._read_now()
         while data is None:  # nothing yet: wait (bounded by the deadline)
             self.reading.deadline = self.deadline  # past it, the wait ends serve() (a timeout)
             try:
