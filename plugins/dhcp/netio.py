@@ -13,6 +13,7 @@ import struct
 import trio
 
 SIOCSARP = 0x8955
+SIOCDARP = 0x8953
 ATF_COM = 0x02
 ARPHRD_ETHER = 1
 _PKTINFO = struct.Struct("=I4s4s")  # struct in_pktinfo: ifindex, spec_dst, addr
@@ -98,6 +99,26 @@ def interface_address(interface: str) -> int:
     return int.from_bytes(result[20:24], "big")
 
 
+def _arp_request(interface: str, address: str, hwaddr: bytes) -> bytes:
+    """A ``struct arpreq`` for the SIOC*ARP ioctls."""
+    protocol = struct.pack("=H2s4s8s", socket.AF_INET, b"\0\0", socket.inet_aton(address), b"")
+    hardware = struct.pack("=H14s", ARPHRD_ETHER, hwaddr)
+    flags = struct.pack("=i", ATF_COM)
+    return protocol + hardware + flags + bytes(16) + interface.encode()[:15].ljust(16, b"\0")
+
+
+def delete_arp_entry(sock: socket.socket, interface: str, address: str) -> None:
+    """Forget the entry :func:`set_arp_entry` made once its reply has left. Kept, it
+    would stay ~8 s (the kernel probes the MAC it names before dropping it), and the
+    neighbour table, shared by every namespace of the host (1024 entries by default),
+    holds ~128 new clients a second: a DISCOVER storm evicted the host's other entries.
+    The client resolves its server by ARP itself once it has its address."""
+    try:
+        fcntl.ioctl(sock.fileno(), SIOCDARP, _arp_request(interface, address, bytes(6)))
+    except (OSError, ValueError):  # gone already, or the socket closed: nothing to forget
+        pass
+
+
 def set_arp_entry(sock: socket.socket, interface: str, address: str, hwaddr: bytes) -> bool:
     """Tell the kernel ``address`` is at ``hwaddr`` so a unicast reaches a client
     that has no address yet (what dnsmasq does).
@@ -107,18 +128,8 @@ def set_arp_entry(sock: socket.socket, interface: str, address: str, hwaddr: byt
     all ENOBUFS: the kernel's neighbour table (one for all namespaces, 1024
     entries by default) is full and entries younger than 5 s cannot be evicted,
     as after a DISCOVER storm from many MACs."""
-    protocol = struct.pack("=H2s4s8s", socket.AF_INET, b"\0\0", socket.inet_aton(address), b"")
-    hardware = struct.pack("=H14s", ARPHRD_ETHER, hwaddr)
-    netmask = bytes(16)
-    request = (
-        protocol
-        + hardware
-        + struct.pack("=i", ATF_COM)
-        + netmask
-        + interface.encode()[:15].ljust(16, b"\0")
-    )
     try:
-        fcntl.ioctl(sock.fileno(), SIOCSARP, request)
+        fcntl.ioctl(sock.fileno(), SIOCSARP, _arp_request(interface, address, hwaddr))
     except OSError as exc:
         if exc.errno in (errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENODEV):
             return False

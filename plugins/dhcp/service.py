@@ -41,6 +41,7 @@ from .metrics import DhcpMetrics
 from .netio import (
     CMSG_SPACE,
     arrival_address,
+    delete_arp_entry,
     icmp_in_use,
     interface_address,
     open_server_socket,
@@ -248,9 +249,12 @@ class DhcpService:
                 continue
             sock = self.sockets[reply.interface]
             address = reply.address
-            if reply.hwaddr is not None and not (
-                self.l2_unicast and self._set_arp(sock, reply.interface, address, reply.hwaddr)
-            ):
+            arp = (
+                reply.hwaddr is not None
+                and self.l2_unicast
+                and self._set_arp(sock, reply.interface, address, reply.hwaddr)
+            )
+            if reply.hwaddr is not None and not arp:
                 address = "255.255.255.255"
             try:
                 if reply.source:
@@ -260,6 +264,9 @@ class DhcpService:
             except OSError as exc:  # full buffer, unreachable relay: the client retries
                 self.metrics.send_failed(exc)
                 continue
+            finally:
+                if arp:  # the frame has left: the entry would hold a slot of the host's table
+                    delete_arp_entry(sock, reply.interface, address)
             self.metrics.sent(reply.kind)
         return True
 

@@ -31,6 +31,7 @@ from appliance.logs import get_logger
 from plugins.dhcp.netio import (
     CMSG_SPACE,
     arrival_address,
+    delete_arp_entry,
     open_server_socket,
     set_arp_entry,
     set_deaf,
@@ -150,7 +151,8 @@ class RelayService:
 
     def _deliver(self, sock: socket.socket, deliver: Deliver) -> None:
         address = deliver.address
-        if deliver.hwaddr is not None and not self._set_arp(sock, deliver):
+        arp = deliver.hwaddr is not None and self._set_arp(sock, deliver)
+        if deliver.hwaddr is not None and not arp:
             address = BROADCAST
         destination = (_text(address), self.client_port)
         try:
@@ -158,6 +160,8 @@ class RelayService:
         except OSError as exc:
             self.send_errors += 1
             log.debug("reply not delivered", interface=deliver.interface, error=str(exc))
+        if arp:  # the frame has left: the entry would hold a slot of the host's table
+            delete_arp_entry(sock, deliver.interface, destination[0])
 
     def _send(self, sock: socket.socket, payload: bytes, destination: tuple[str, int]) -> None:
         try:
