@@ -55,6 +55,7 @@ SANS_IO = [
     "plugins.images.patch",
     "plugins.relay.agent",
     "plugins.provisioning.lifecycle",
+    "plugins.ra.ndp",
     "appliance.cluster.pki",
     "appliance.cluster.jointoken",
     "appliance.cluster.wire",
