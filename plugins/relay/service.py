@@ -60,6 +60,8 @@ class RelayService:
         self.sock: socket.socket | None = None
         self.ifindex: dict[int, str] = {}  # client-facing interfaces by index
         self._not_ours: set[int] = set()  # indexes of other interfaces (the server side)
+        self._servers: dict[int, tuple[str, int]] = {}
+        self._broadcast = ("255.255.255.255", client_port)
         self._cmsg: dict[str, list] = {}  # interface -> IP_PKTINFO for its replies
         self.send_errors = 0
         self.arp_refused = 0
@@ -70,6 +72,9 @@ class RelayService:
             index = socket.if_nametoindex(link.name)  # OSError names a missing interface
             self.ifindex[index] = link.name
             self._cmsg[link.name] = [source_cmsg(link.address, index)]
+        # Destinations made once: a tuple and its text per datagram cost ~1 µs each
+        self._servers = {s: (_text(s), self.port) for s in agent.config.servers}
+        self._broadcast = (_text(BROADCAST), self.client_port)
         self.sock = sock = open_server_socket(None, self.port)
         self.local = self.find_local()
         if self.local is not None:
@@ -112,7 +117,7 @@ class RelayService:
                     if self.local is not None and self.local.serves(forward.server):
                         self.local.inject(forward.payload, forward.server)
                     else:
-                        self._send(sock, forward.payload, (_text(forward.server), self.port))
+                        self._send(sock, forward.payload, self._servers[forward.server])
             else:
                 outcome = agent.from_server(data, _address(source[0]))
                 if outcome.deliver is not None:
@@ -154,7 +159,9 @@ class RelayService:
         arp = deliver.hwaddr is not None and self._set_arp(sock, deliver)
         if deliver.hwaddr is not None and not arp:
             address = BROADCAST
-        destination = (_text(address), self.client_port)
+        destination = (
+            self._broadcast if address == BROADCAST else (_text(address), self.client_port)
+        )
         try:
             sock.sendmsg([deliver.payload], self._cmsg[deliver.interface], 0, destination)
         except OSError as exc:
