@@ -169,7 +169,8 @@ async def test_a_head_posted_to_the_lease_holder_is_committed_and_its_chunks_syn
                     async for _ in reply.body:
                         pass
                 assert node_c.state.get("images", "img@1") == envelope
-                await wait_until(lambda: "1" in c.store.images.get("img", {}),
+                # served: adopt (in a worker thread) lists the version before it serves it
+                await wait_until(lambda: c.store.served_path("img") is not None,
                                  what="the holder to sync the chunks")  # fmt: skip
                 assert c.store.served_path("img").read_bytes() == data
                 await c.remove({"name": "img", "version": "1"})
