@@ -137,12 +137,9 @@ class PerfResult:
         )
 
 
-def parse_perfdhcp(text: str, offered: int, duration: float, exit_code: int | None) -> PerfResult:
-    """Read perfdhcp's final report. Never raises: unreadable output sets ``error``.
-
-    Only the final report is read: with ``-t`` periodic reports the last section of
-    each name wins. Unknown lines are ignored, so extra diagnostics do no harm.
-    """
+def report_sections(text: str) -> tuple[dict[str, dict[str, float]], float | None]:
+    """perfdhcp's report: every ``key: number`` of each "Statistics for" section by its
+    name (DISCOVER-OFFER, REQUEST-ACK; keys lower-cased), and the achieved rate line."""
     sections: dict[str, dict[str, float]] = {}
     current: dict[str, float] | None = None
     rate: float | None = None
@@ -168,6 +165,16 @@ def parse_perfdhcp(text: str, offered: int, duration: float, exit_code: int | No
                 current[m.group("key").strip().lower()] = float(m.group("value"))
             except ValueError:
                 pass
+    return sections, rate
+
+
+def parse_perfdhcp(text: str, offered: int, duration: float, exit_code: int | None) -> PerfResult:
+    """Read perfdhcp's final report. Never raises: unreadable output sets ``error``.
+
+    Only the final report is read: with ``-t`` periodic reports the last section of
+    each name wins. Unknown lines are ignored, so extra diagnostics do no harm.
+    """
+    sections, rate = report_sections(text)
     result = PerfResult(offered, duration, exit_code, achieved=0.0)
     do, ra = sections.get("DISCOVER-OFFER"), sections.get("REQUEST-ACK")
     if do is None or ra is None:

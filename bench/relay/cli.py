@@ -25,7 +25,7 @@ from typing import Any
 from bench import results_file
 from bench.dhcp import profile, system
 from bench.dhcp.cli import Terminated, _children_cpu, _finish, _terminate, say
-from bench.dhcp.perf import _KV, _SECTION, LOSS_LIMIT_PCT, parse_perfdhcp, perfdhcp_argv
+from bench.dhcp.perf import LOSS_LIMIT_PCT, parse_perfdhcp, perfdhcp_argv, report_sections
 from bench.dhcp.search import median
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,30 +173,6 @@ def _ms(value: float | None) -> str:
     return _num(value, ".2f")
 
 
-def exchange_figures(text: str) -> dict[str, dict[str, float]]:
-    """Per exchange (DISCOVER-OFFER, REQUEST-ACK): every ``key: number`` perfdhcp printed
-    in its final report (sent/received packets, drops, drops ratio, min/avg/max delay,
-    std deviation), read with bench.dhcp.perf's patterns."""
-    sections: dict[str, dict[str, float]] = {}
-    current: dict[str, float] | None = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        m = _SECTION.match(line)
-        if m:
-            current = sections[m.group("name")] = {}
-            continue
-        if line.startswith("***"):
-            current = None
-            continue
-        m = _KV.match(line)
-        if m and current is not None:
-            try:
-                current[m.group("key").strip().lower()] = float(m.group("value"))
-            except ValueError:
-                pass
-    return sections
-
-
 def _exchange(values: dict[str, float]) -> dict[str, Any]:
     sent = int(values.get("sent packets", 0))
     drops = int(values.get("drops", 0))
@@ -305,7 +281,7 @@ class Bench:
             s1 = relay.system_seconds()
             out.others_cpu_pct, out.others = others.stop()
             perf = parse_perfdhcp(text, rate, a.duration, code)
-            figures = exchange_figures(text)
+            figures, _ = report_sections(text)
             out.achieved, out.loss_pct, out.error = perf.achieved, perf.loss_pct, perf.error
             out.do = _exchange(figures.get("DISCOVER-OFFER", {}))
             out.ra = _exchange(figures.get("REQUEST-ACK", {}))
