@@ -5,6 +5,7 @@ acting through the ``provisioning_power`` hook; ``rackboot machines ...``."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
@@ -195,8 +196,6 @@ class ProvisioningPlugin:
         return self.flow.machines[record.name].to_dict()
 
     async def _pool(self, args: dict[str, Any]) -> dict[str, Any]:
-        from dataclasses import replace
-
         record = self._record(args)
         pool = args.get("pool")
         if not isinstance(pool, str):
