@@ -53,6 +53,9 @@ class Record:
     macs: tuple[str, ...]
     profile: str
     pool: str = ""
+    power: str = (
+        ""  # how a power plugin reaches it: "redfish://bmc/redfish/v1/Systems/1", "qemu:..."
+    )
     spare_ok: bool = True  # may a spare of the pool replace it after its retries?
     state: str = "idle"  # "spare": idle in its pool, free to take a failed one's place
     since: float = 0.0  # when it entered ``state``

@@ -47,6 +47,11 @@ _MACHINE = {
         default="",
         doc="The pool of spare hardware it belongs to.",
     ),  # fmt: skip
+    "power": Field(
+        Str(r"([a-z][a-z0-9+.-]{0,15}:[^\s]{1,240})?", "a power address 'SCHEME:...' or ''"),
+        default="",
+        doc="How a power plugin reaches it (docs/power.md): 'redfish://BMC/redfish/v1/Systems/ID', 'qemu:NAME'.",
+    ),  # fmt: skip
     "spare": Field(Bool(), default=False, doc="An idle spare of its pool."),
     "spare_ok": Field(
         Bool(), default=True, doc="After its retries a spare of its pool may take its profile."
@@ -102,6 +107,6 @@ def seed_records(settings: Any, source: str) -> list[Record]:
         if m.spare and not m.pool:
             raise ConfigError(source, f"{path}.pool", "a pool (it is a spare)", has_found=False)
         records.append(Record(m.name, tuple(mac.lower() for mac in m.macs), m.profile,
-                              pool=m.pool, spare_ok=m.spare_ok, initrds=m.initrds,
+                              pool=m.pool, power=m.power, spare_ok=m.spare_ok, initrds=m.initrds,
                               state="spare" if m.spare else "idle"))  # fmt: skip
     return records
