@@ -40,6 +40,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -53,6 +54,7 @@ from .conditional import http_date
 from .files import fit_to_request
 from .messages import FileRegion, Request, Response, Route
 from .router import Router
+from .script import BOOT_PREFIX
 from .sendfile import FileChanged, SendTimeout, send_head_and_file
 from .stats import Stats
 from .urlpath import BadTarget, split_target_untrusted
@@ -125,6 +127,7 @@ class Connection:
         access_log: bool = True,
         guard: Callable[[], bool] | None = None,
         on_phase: Callable[[str], None] | None = None,
+        file_served: Callable[[str, str], object] | None = None,
     ) -> None:
         self.stream = stream
         self.router = router
@@ -134,6 +137,7 @@ class Connection:
         self.access_log = access_log
         self.guard = guard  # fence.ok on a connection to the VIP; None: the node's own address
         self.on_phase = on_phase or (lambda phase: None)  # the server's admission table
+        self.file_served = file_served  # the httpboot_file_served hook; None: nobody listens
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         # The socket's descriptor for reads and writes that need no wait (None: another
         # kind of stream, e.g. a test's memory stream, always goes through trio).
@@ -264,14 +268,19 @@ class Connection:
             response = refused or await self._call(route, request)
         elif declared == 0:
             await self._next_event()  # EndOfMessage: the connection stays usable
-        if response.stat is not None:
+        whole_file = response.stat is not None
+        if whole_file:
             response = fit_to_request(request, response)
         if not fenced and self._not_held():  # lost while the handler ran (it may wait)
             response.close()
             response, fenced = Response.unavailable(), True
         reusable = self.h11.their_state is h11.DONE and not fenced
+        announce = None
+        if (whole_file and self.file_served is not None and request.method == "GET"
+                and response.status in (200, 206)):  # fmt: skip
+            announce = partial(self._file_served, request)
         try:
-            sent = await self._send(request, response, close=not reusable)
+            sent = await self._send(request, response, close=not reusable, head_sent=announce)
         finally:
             response.close()
         self._log(request, response.status, sent)
@@ -349,8 +358,26 @@ class Connection:
             )
             return Response.error(500)
 
-    async def _send(self, request: Request, response: Response, close: bool) -> int:
-        """Send ``response``; the body bytes sent."""
+    def _file_served(self, request: Request) -> None:
+        """The httpboot_file_served hook, once a file's head has left: the name as the
+        request gave it (below /boot/, else its path), never a reason to fail the answer."""
+        assert self.file_served is not None
+        path = request.path
+        path = path[len(BOOT_PREFIX) :] if path.startswith(BOOT_PREFIX) else path.lstrip("/")
+        try:
+            self.file_served(path, self.client[0])
+        except Exception as exc:
+            log.error("file served hook failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _send(
+        self,
+        request: Request,
+        response: Response,
+        close: bool,
+        head_sent: Callable[[], None] | None = None,
+    ) -> int:
+        """Send ``response``; the body bytes sent. ``head_sent`` is called once the head
+        has left (with the body, for all but a big file)."""
         bodyless = request.method == "HEAD" or response.status == 304 or response.status < 200
         length = len(response.region) if response.region is not None else len(response.body)
         headers = [(b"server", SERVER), (b"date", _date.now()), *response.headers]
@@ -368,14 +395,18 @@ class Connection:
             self.h11.send(h11.EndOfMessage())
             if self.fd is not None and length <= SMALL_FILE:
                 await self._send_bytes(head + self._read_small(request, response.region))
+                if head_sent is not None:
+                    head_sent()
             else:
-                await self._send_file(request, head, response.region)
+                await self._send_file(request, head, response.region, head_sent)
         else:
             data = head
             if response.body and not bodyless:
                 data += self.h11.send(h11.Data(data=response.body))
             data += self.h11.send(h11.EndOfMessage())
             await self._send_bytes(data)
+            if head_sent is not None:
+                head_sent()
         sent = 0 if bodyless else length
         self.stats.bytes_sent += sent
         return sent
@@ -388,9 +419,15 @@ class Connection:
             raise trio.BrokenResourceError
         return data
 
-    async def _send_file(self, request: Request, head: bytes, region: FileRegion) -> None:
+    async def _send_file(
+        self,
+        request: Request,
+        head: bytes,
+        region: FileRegion,
+        head_sent: Callable[[], None] | None,
+    ) -> None:
         try:
-            await send_head_and_file(self.stream, head, region, self.limits.send_timeout)
+            await send_head_and_file(self.stream, head, region, self.limits.send_timeout, head_sent)
         except SendTimeout:
             raise _Timeout("send") from None
         except FileChanged:

@@ -70,6 +70,33 @@ def httpboot_boot_script(machine: Machine, default: str) -> str | None:
     """
 
 
+@hookspec
+def httpboot_file_served(path: str, client: str) -> None:
+    """A file was served: for observers (a provisioning workflow's "kernel fetched").
+
+    :param path: The file as the request named it, relative to what serves it:
+        under ``/boot/`` the name below the root (``vmlinuz``,
+        ``debian/initrd.gz``), any other route's file its path without the
+        leading slash (``images/NAME``). Percent-decoded, never a server path.
+    :param client: The requesting peer's IP address (``192.0.2.10``).
+
+    Called once per file response (a static file, an image: what a route
+    answered with :meth:`plugins.httpboot.messages.Response.file`) that is a
+    ``GET`` answered 200 or 206, in the node's trio thread, once the
+    response's head has left (a big file's body may still be on its way; a
+    client that goes away meanwhile was still called for). Not for ``HEAD``,
+    304, 416, errors or anything refused. Called on whichever node served the
+    file, whatever its role. Keep it quick (a counter, a note for a service of
+    your own): it runs in the request's path. An exception is logged and
+    ignored: the response is not affected.
+
+    Whether any plugin implements it is checked once when the service starts:
+    with none, it costs nothing per request. Implement it with
+    ``@hookimpl(optionalhook=True)``: the hook exists only while the httpboot
+    plugin is loaded.
+    """
+
+
 # -------------------------------------------------------------------------
 # Provisioning: reacting to installers
 # -------------------------------------------------------------------------

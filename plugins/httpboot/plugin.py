@@ -12,6 +12,7 @@ node shows every committed event. See docs/httpboot.md.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -376,6 +377,15 @@ class _Service:
         except (RouteConflict, ValueError) as exc:
             raise PluginError(f"httpboot_routes: {exc}") from None
 
+    def _file_served_hook(self) -> Callable[[str, str], object] | None:
+        """The httpboot_file_served hook, or None if no plugin implements it (asked once:
+        the connection then skips it at no cost)."""
+        assert self.plugin.pm is not None
+        hook = self.plugin.pm.hook.httpboot_file_served
+        if not hook.get_hookimpls():
+            return None
+        return lambda path, client: hook(path=path, client=client)
+
     async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if self.plugin.settings.secret_file:
             log.warning("httpboot.secret_file is deprecated: the rack's token secret lives in "
@@ -387,6 +397,7 @@ class _Service:
             self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
             log.info("created HTTP root", root=str(self.root))
         self.server.router = self._router()
+        self.server.file_served = self._file_served_hook()
         if self.legacy_journal_path.exists():
             self.legacy_journal = {"outcome": "pending", "damage": []}
         self.store.load()

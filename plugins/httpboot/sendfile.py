@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 
 import trio
 
@@ -33,16 +34,25 @@ class FileChanged(Exception):
 
 
 async def send_head_and_file(
-    stream: trio.abc.Stream, head: bytes, body: FileRegion, send_timeout: float
+    stream: trio.abc.Stream,
+    head: bytes,
+    body: FileRegion,
+    send_timeout: float,
+    head_sent: Callable[[], None] | None = None,
 ) -> None:
+    """Send ``head``, then ``body``; ``head_sent()`` once the head has left."""
     if isinstance(stream, trio.SocketStream):
-        await _zero_copy(stream.socket, head, body, send_timeout)
+        await _zero_copy(stream.socket, head, body, send_timeout, head_sent)
     else:
-        await _copying(stream, head, body, send_timeout)
+        await _copying(stream, head, body, send_timeout, head_sent)
 
 
 async def _zero_copy(
-    sock: trio.socket.SocketType, head: bytes, body: FileRegion, send_timeout: float
+    sock: trio.socket.SocketType,
+    head: bytes,
+    body: FileRegion,
+    send_timeout: float,
+    head_sent: Callable[[], None] | None,
 ) -> None:
     view = memoryview(head)
     while view:  # MSG_MORE: the head leaves in the same segment as the first file bytes
@@ -51,6 +61,8 @@ async def _zero_copy(
         if scope.cancelled_caught:
             raise SendTimeout
         view = view[sent:]
+    if head_sent is not None:
+        head_sent()
     out, infd = sock.fileno(), body.handle.fileno()
     offset, remaining = body.offset, body.count
     while remaining:
@@ -76,7 +88,11 @@ async def _zero_copy(
 
 
 async def _copying(
-    stream: trio.abc.Stream, head: bytes, body: FileRegion, send_timeout: float
+    stream: trio.abc.Stream,
+    head: bytes,
+    body: FileRegion,
+    send_timeout: float,
+    head_sent: Callable[[], None] | None,
 ) -> None:
     infd = body.handle.fileno()
     offset, remaining, pending = body.offset, body.count, head
@@ -94,6 +110,8 @@ async def _copying(
             await stream.send_all(pending + chunk if pending else chunk)
         if scope.cancelled_caught:
             raise SendTimeout
+        if pending and head_sent is not None:
+            head_sent()
         pending = b""
         if not remaining:
             return

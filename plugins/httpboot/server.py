@@ -23,6 +23,7 @@ import ipaddress
 import os
 import socket
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -93,6 +94,9 @@ class HttpServer:
         self._admitted: dict[int, tuple[int, trio.CancelScope, tuple[str, int]]] = {}
         self.access_log = access_log
         self.fence = fence  # node.fence: the VIP is answered on only under the lease
+        # httpboot_file_served(path, client), set at the service's start if a plugin
+        # implements it; None costs nothing per request.
+        self.file_served: Callable[[str, str], object] | None = None
         self.bound: list[tuple[str, int]] = []
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -149,7 +153,7 @@ class HttpServer:
                 guard = None if self.fence is None else self.fence.guard_for(local[0])
                 connection = Connection(
                     stream, self.router, self.limits, self.stats, client, local, self.access_log,
-                    guard, partial(self._phase, conn),
+                    guard, partial(self._phase, conn), self.file_served,
                 )  # fmt: skip
                 await connection.serve()
         finally:

@@ -496,6 +496,66 @@ async def test_hooks_add_routes_choose_scripts_and_see_events(tmp_path):
             ]
 
 
+class Observer:
+    """A plugin that watches files served (optionalhook: it loads without httpboot too)
+    and serves one image-like file of its own; ``broken`` makes the hook raise."""
+
+    def __init__(self, image: Path) -> None:
+        self.image, self.seen, self.broken = image, [], False
+
+    @hookimpl(optionalhook=True)
+    def httpboot_file_served(self, path, client):
+        self.seen.append((path, client))
+        if self.broken:
+            raise RuntimeError("observer broken")
+
+    @hookimpl
+    def httpboot_routes(self, node):
+        def image(request):
+            handle = open(self.image, "rb")  # noqa: SIM115 (the server closes it)
+            return Response.file(handle, os.fstat(handle.fileno()))
+
+        return [Route("GET", "/images/{name}", image)]
+
+
+async def test_a_file_served_is_announced_once_its_head_left(tmp_path):
+    observer = Observer(tmp_path / "image.bin")
+    observer.image.write_bytes(b"i" * 100)
+    with trio.fail_after(LIMIT):
+        async with running(tmp_path, settings(), obs=observer) as (node, listening):
+            where, root = address(listening), Path(node.status()["httpboot"]["root"])
+            (root / "vmlinuz").write_bytes(b"k" * 1000)
+            (root / "debian").mkdir()
+            (root / "debian" / "initrd big.gz").write_bytes(os.urandom(1 << 20))  # sendfile
+            assert (await fetch(where, "GET", "/boot/vmlinuz")).status == 200
+            assert (await fetch(where, "HEAD", "/boot/vmlinuz")).status == 200
+            assert (await fetch(where, "GET", "/boot/missing")).status == 404
+            assert (await fetch(where, "GET", "/boot/../etc/passwd")).status in (400, 403, 404)
+            etag = (await fetch(where, "HEAD", "/boot/vmlinuz")).header(b"etag")
+            revalidated = await fetch(where, "GET", "/boot/vmlinuz",
+                                      headers=[("if-none-match", etag.decode())])  # fmt: skip
+            assert revalidated.status == 304
+            ranged = await fetch(where, "GET", "/boot/vmlinuz", headers=[("range", "bytes=0-9")])
+            assert ranged.status == 206
+            refused = await fetch(where, "GET", "/boot/vmlinuz", headers=[("range", "bytes=5000-")])
+            assert refused.status == 416
+            assert len((await fetch(where, "GET", "/boot/debian/initrd%20big.gz")).body) == 1 << 20
+            assert (await fetch(where, "GET", "/images/base")).body == b"i" * 100
+            await fetch(where, "GET", "/metrics")  # not a file
+            client = where[0]
+            assert observer.seen == [("vmlinuz", client), ("vmlinuz", client),
+                                     ("debian/initrd big.gz", client), ("images/base", client)]  # fmt: skip
+            observer.broken = True
+            assert (await fetch(where, "GET", "/boot/vmlinuz")).body == b"k" * 1000
+            assert observer.seen[-1] == ("vmlinuz", client)
+
+
+async def test_nobody_listening_for_files_served_costs_no_call(tmp_path):
+    with trio.fail_after(LIMIT):
+        async with running(tmp_path, settings()) as (node, _):
+            assert node.pm.get_plugin("httpboot").service.server.file_served is None
+
+
 class Conflicting:
     @hookimpl
     def httpboot_routes(self, node):
