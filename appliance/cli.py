@@ -76,6 +76,17 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
     metrics = with_query(with_config(sub.add_parser("metrics", help="print Prometheus metrics")))
     metrics.set_defaults(func=cmd_metrics)
     add_cluster_commands(sub, with_config)
+    setup = sub.add_parser(
+        "setup", help="ask for the settings, write the configuration, create or join the cluster"
+    )
+    setup.add_argument(
+        "--config", metavar="FILE", help="file to write (default /etc/rackboot/rackboot.toml)"
+    )
+    setup.add_argument(
+        "--answers", metavar="FILE", help="answers from a TOML or JSON file (docs/setup.md)"
+    )
+    setup.add_argument("--no-start", action="store_true", help="do not start the service")
+    setup.set_defaults(func=cmd_setup)
     witness = with_config(
         sub.add_parser(
             "witness", help="run an election witness: votes only, no DHCP, no disk but crl.der"
@@ -242,6 +253,12 @@ def _format_mapping(value: Any, indent: str) -> list[str]:
         else:
             lines.append(f"{indent}{key}: {item}")
     return lines
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    from appliance.setup.dialog import cmd_setup as setup_dialog
+
+    return setup_dialog(args)
 
 
 def cmd_config_example(args: argparse.Namespace) -> int:
