@@ -52,3 +52,25 @@ def tftp_open(path: str, client: Client, node: Node) -> bytes | os.PathLike[str]
     node's role: keep it quick and free of side effects (no I/O beyond
     what already sits in memory).
     """
+
+
+# -------------------------------------------------------------------------
+# Observing: what was served
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def tftp_file_served(path: str, client: str) -> None:
+    """A read request was served to its end (the client acknowledged the last block).
+
+    :param path: The file name as the client asked for it, leading ``/`` removed
+        (untrusted text, as for :func:`tftp_open`).
+    :param client: The client's IPv4 address as text.
+
+    For observers (the provisioning workflow learns that a machine fetched its
+    loader or kernel). Called in the node's trio thread, whatever the node's role;
+    keep it quick. An exception is logged; the transfer's outcome is unchanged.
+    Costs nothing when no plugin implements it: the server asks only then.
+    Implement it with ``@hookimpl(optionalhook=True)`` if your plugin must load
+    without the tftp plugin.
+    """

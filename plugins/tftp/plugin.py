@@ -31,6 +31,7 @@ from appliance.api import (
 )
 from appliance.errors import ConfigError
 from appliance.logs import get_logger
+from appliance.pluginmanager import call_each
 from appliance.schema import Listener
 
 from . import hookspecs
@@ -171,6 +172,10 @@ def _check_root(config: Config) -> None:
     )  # fmt: skip
 
 
+def _log_observer_error(error: Exception) -> None:
+    log.error("an observer of served files failed", error=str(error))
+
+
 def server_config(node: Node) -> ServerConfig:
     settings = node.config["tftp"]
     root = Path(settings.root) if settings.root else node.data_dir / "tftp" / "root"
@@ -202,7 +207,17 @@ class _Service:
         def open_hook(path: str, client: Client) -> Any:
             return pm.hook.tftp_open(path=path, client=client, node=node)
 
-        self.server = TftpServer(self.config, self.stats, open_hook, node.fence)
+        def served_hook(path: str, client: str) -> None:
+            # Each observer on its own: one's bug neither hides the file from the others
+            # nor changes the transfer's outcome.
+            call_each(
+                pm, "tftp_file_served", on_error=_log_observer_error, path=path, client=client
+            )
+
+        # The observers are known once plugins are loaded: none, no call per transfer.
+        observed = bool(pm.hook.tftp_file_served.get_hookimpls())
+        self.server = TftpServer(self.config, self.stats, open_hook, node.fence,
+                                 served_hook if observed else None)  # fmt: skip
 
     async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         root = self.config.root

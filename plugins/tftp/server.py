@@ -69,6 +69,7 @@ REQUEST_BUFFER = 2048  # larger than any request (512): oversized ones are seen 
 
 Address = tuple[str, int]
 OpenHook = Callable[[str, "Client"], Any]
+ServedHook = Callable[[str, str], None]  # (requested name, client address)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +130,12 @@ class TftpServer:
         stats: Stats,
         open_hook: OpenHook | None = None,
         fence: Fence | None = None,
+        served_hook: ServedHook | None = None,
     ):
         self.config = config
         self.stats = stats
         self._open_hook = open_hook
+        self._served_hook = served_hook
         self.fence = fence  # node.fence: the VIP is spoken from only under the lease
         self._admission = Admission(
             Limits(
@@ -432,7 +435,10 @@ class TftpServer:
             "seconds": round(job.ended - job.started, 3),
             "blksize": options.blksize, "windowsize": options.windowsize, "tsize": options.tsize,
         }  # fmt: skip
-        self._record(machine.next_event(), sent_error, machine.verified, fields)
+        event = machine.next_event()
+        self._record(event, sent_error, machine.verified, fields)
+        if isinstance(event, TransferComplete) and self._served_hook is not None:
+            self._served_hook(request.filename.lstrip("/"), job.peer[0])
 
     def _close(self, job: Job) -> None:
         """Release ``job`` (the pump no longer holds it): counters, socket, file, slot."""

@@ -25,6 +25,40 @@ class Dynamic:
         return None
 
 
+class Observer:
+    def __init__(self, fail: bool = False) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.fail = fail
+
+    @hookimpl
+    def tftp_file_served(self, path, client):
+        self.seen.append((path, client))
+        if self.fail:
+            raise RuntimeError("an observer's bug")
+
+
+async def test_observers_see_each_file_served_to_its_end_and_not_refusals(tmp_path):
+    seen, broken = Observer(), Observer(fail=True)
+    config, pm = configured(tmp_path, {"tftp": {"port": 0}}, tftp=tftp_plugin, dyn=Dynamic(),
+                            seen=seen, broken=broken)  # fmt: skip
+    node = Node(config, pm)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                lambda task_status: node.run(handle_signals=False, task_status=task_status)
+            )
+            (tmp_path / "data" / "tftp" / "root" / "vmlinuz").write_bytes(b"k" * 5000)
+            host, port = node.status()["tftp"]["listening"][0].split(":")
+            addr = (host, int(port))
+            assert (await fetch(addr, "/vmlinuz")).data == b"k" * 5000
+            assert (await fetch(addr, "hello.ipxe")).data.startswith(b"#!ipxe")
+            assert (await fetch(addr, "nothing")).error is not None
+            await tftp_plugin._services[node].server.wait_idle()
+            assert seen.seen == [("vmlinuz", "127.0.0.1"), ("hello.ipxe", "127.0.0.1")]
+            assert node.status()["tftp"]["transfers"]["complete"] == 2  # the bug changed nothing
+            node.request_stop("test")
+
+
 def test_development_defaults(tmp_path):
     config, pm = configured(tmp_path, tftp=tftp_plugin)
     node = Node(config, pm)
