@@ -56,6 +56,8 @@ SANS_IO = [
     "plugins.relay.agent",
     "plugins.provisioning.lifecycle",
     "plugins.ra.ndp",
+    "plugins.power.address",
+    "plugins.power.redfish_core",
     "appliance.cluster.pki",
     "appliance.cluster.jointoken",
     "appliance.cluster.wire",
