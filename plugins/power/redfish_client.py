@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import http.client
+import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass
 
@@ -45,8 +47,8 @@ class Outcome:
 
 
 def take(bmc: Bmc, target: Target, action: str, timeout: float) -> Outcome:
-    """Take ``action`` on the system at ``target`` through ``bmc``; PowerError if it failed."""
-    deadline = time.monotonic() + timeout
+    """Take ``action`` on the system at ``target`` through ``bmc``; PowerError if it failed.
+    Returns or raises within about ``timeout`` seconds, whatever the BMC sends or withholds."""
     conn: http.client.HTTPConnection
     if target.tls:
         conn = http.client.HTTPSConnection(target.connect_host, target.port, timeout=timeout,
@@ -56,38 +58,73 @@ def take(bmc: Bmc, target: Target, action: str, timeout: float) -> Outcome:
     else:
         raise PowerError("plain_http", f"a redfish+http address, but BMC {bmc.address} "
                          "does not allow plain HTTP (plain_http = false)")  # fmt: skip
-    credentials = base64.b64encode(f"{bmc.username}:{bmc.password}".encode()).decode()
-    headers = {"Authorization": f"Basic {credentials}", "Accept": "application/json",
-               "OData-Version": "4.0"}  # fmt: skip
+    watchdog = _Watchdog(conn, timeout)
     try:
-        status, body = _request(conn, "GET", target.path, None, headers, deadline)
-        _expect(status, (200,), body, "reading the system")
-        system = system_untrusted(body, target.path)
-        reset = reset_type(action, system)
-        if reset is not None:
-            headers["Content-Type"] = "application/json"
-            status, body = _request(conn, "POST", system.reset_target, reset_body(reset),
-                                    headers, deadline)  # fmt: skip
-            _expect(status, RESET_ACCEPTED, body, f"posting ResetType {reset}")
-        return Outcome(reset, system.power_state)
-    except ssl.SSLCertVerificationError as exc:
-        raise PowerError(
-            "tls", f"the BMC's certificate is not trusted: {exc.verify_message}"
-        ) from None
-    except ssl.SSLError as exc:
-        raise PowerError("tls", f"TLS failed: {exc.reason or exc}") from None
-    except TimeoutError:
-        raise PowerError("timeout", f"no answer within {timeout:g} s") from None
-    except OSError as exc:
-        raise PowerError("unreachable", f"cannot reach the BMC: {exc.strerror or exc}") from None
-    except http.client.HTTPException as exc:
-        raise PowerError("bad_reply", f"not HTTP: {type(exc).__name__}") from None
-    except ReplyError as exc:
-        raise PowerError("bad_reply", f"the system's resource: {exc}") from None
+        return _exchange(conn, bmc, target, action, time.monotonic() + timeout)
+    except (OSError, http.client.HTTPException, ReplyError) as exc:
+        if watchdog.fired:  # whatever the cut connection raised: the deadline passed
+            raise PowerError("timeout", f"no complete answer within {timeout:g} s") from None
+        raise _failure(exc, timeout) from None
     except PlanError as exc:
         raise PowerError("no_reset_type", str(exc)) from None
     finally:
+        watchdog.cancel()
         conn.close()
+
+
+def _exchange(conn: http.client.HTTPConnection, bmc: Bmc, target: Target, action: str,
+              deadline: float) -> Outcome:  # fmt: skip
+    credentials = base64.b64encode(f"{bmc.username}:{bmc.password}".encode()).decode()
+    headers = {"Authorization": f"Basic {credentials}", "Accept": "application/json",
+               "OData-Version": "4.0"}  # fmt: skip
+    status, body = _request(conn, "GET", target.path, None, headers, deadline)
+    _expect(status, (200,), body, "reading the system")
+    system = system_untrusted(body, target.path)
+    reset = reset_type(action, system)
+    if reset is not None:
+        headers["Content-Type"] = "application/json"
+        status, body = _request(conn, "POST", system.reset_target, reset_body(reset),
+                                headers, deadline)  # fmt: skip
+        _expect(status, RESET_ACCEPTED, body, f"posting ResetType {reset}")
+    return Outcome(reset, system.power_state)
+
+
+def _failure(exc: Exception, timeout: float) -> PowerError:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return PowerError("tls", f"the BMC's certificate is not trusted: {exc.verify_message}")
+    if isinstance(exc, ssl.SSLError):
+        return PowerError("tls", f"TLS failed: {exc.reason or exc}")
+    if isinstance(exc, TimeoutError):
+        return PowerError("timeout", f"no answer within {timeout:g} s")
+    if isinstance(exc, OSError):
+        return PowerError("unreachable", f"cannot reach the BMC: {exc.strerror or exc}")
+    if isinstance(exc, http.client.HTTPException):
+        return PowerError("bad_reply", f"not HTTP: {type(exc).__name__}")
+    return PowerError("bad_reply", f"the system's resource: {exc}")
+
+
+class _Watchdog:
+    """Cuts the connection at the deadline: a BMC that trickles its headers or a TLS
+    handshake byte by byte would otherwise hold the worker thread far longer, each byte
+    restarting the socket's timeout."""
+
+    def __init__(self, conn: http.client.HTTPConnection, timeout: float) -> None:
+        self.conn, self.fired = conn, False
+        self.timer = threading.Timer(timeout, self._fire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        sock = self.conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # the blocked read returns at once
+            except OSError:
+                pass
+
+    def cancel(self) -> None:
+        self.timer.cancel()
 
 
 def _request(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None,
@@ -100,7 +137,7 @@ def _request(conn: http.client.HTTPConnection, method: str, path: str, body: byt
     size = 0
     while True:  # bounded: REPLY_CAP bytes, and the deadline
         _bound(conn, deadline)
-        chunk = response.read(READ_CHUNK)
+        chunk = response.read1(READ_CHUNK)  # what one read brings: the deadline is checked
         if not chunk:
             break
         size += len(chunk)
