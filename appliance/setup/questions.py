@@ -304,12 +304,13 @@ def _ask_subnet(
 
     network = ask(Ask((*where, "network"), f"Subnet on {interface} (CIDR)",
                       _text(old.get("network")), check_apart))  # fmt: skip
+    same = old.get("network") == str(network)  # else the old pools and router are elsewhere
     pools = ask(Ask((*where, "pools"), f"DHCP pool(s) in {network}, 'first-last'",
-                    _text(old.get("pools")) if old.get("network") == str(network) else None,
+                    _text(old.get("pools")) if same else None,
                     lambda t: check_pools(t, network, [management])))  # fmt: skip
     partial = Provisioning(interface, network, pools, None)
     router = ask(Ask((*where, "router"), f"Router for machines on {network} ('none')",
-                     _text(old.get("router")) if old.get("network") == str(network) else None,
+                     (_text(old.get("router")) if same else None) or "none",
                      lambda t: check_router(t, partial)))  # fmt: skip
     return Provisioning(interface, network, pools, router)
 
