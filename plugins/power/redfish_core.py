@@ -179,6 +179,7 @@ def reset_type(action: str, system: System) -> str | None:
     that is off powers it on: a restart of a machine off is refused or ignored by many
     BMCs. PlanError when the system allows none of the types that would do."""
     state = system.power_state
+    wanted: tuple[str, ...]
     if action == "on":
         if state in ON_STATES:
             return None

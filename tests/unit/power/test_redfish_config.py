@@ -140,3 +140,23 @@ def test_plain_http_needs_the_bmcs_consent(tmp_path):
     [line] = [e for e in logs() if e["msg"] == "power action failed"]
     assert line["reason"] == "plain_http"
     assert "does not allow plain HTTP" in line["detail"]
+
+
+def test_installed_and_called_through_the_provisioning_hook(tmp_path):
+    """The entry point loads the plugin; the provisioning plugin's hook reaches it (and it
+    loads as well with the provisioning plugin disabled: its hook is optional)."""
+    from appliance.loader import ConfigSource, load
+
+    config = tmp_path / "rack.toml"
+    config.write_text(bmc_toml(tmp_path))
+    _, pm = load(ConfigSource(str(config), False))
+    hook = pm.hook.provisioning_power
+    with captured_logs() as logs:
+        assert (
+            hook(machine=machine("redfish://bmc8:443/redfish/v1/Systems/1"), action="on") is False
+        )
+        assert hook(machine=machine("ipmi://bmc8/1"), action="on") is None
+    assert [e["reason"] for e in logs() if e["msg"] == "power action failed"] == ["unknown_bmc"]
+    config.write_text('[plugins]\ndisabled = ["provisioning"]\n' + bmc_toml(tmp_path))
+    _, pm = load(ConfigSource(str(config), False))
+    assert "bmc7:8443" in pm.get_plugin("redfish").bmcs
