@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import http.client
+import itertools
 import json
 import socket
 import ssl
@@ -24,8 +25,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from appliance.config import validate
 from plugins.power.redfish import RedfishPlugin
@@ -46,6 +49,7 @@ SYSTEMS = {
 }
 APPLIED_WITHIN = 14.0  # the fake driver's longest delay (11 s, whole seconds) and a margin
 UNKNOWN = "0b4a9d1e-0000-4000-8000-0000000000ff"
+SECRETS = itertools.count()  # one password file per plugin configured
 
 
 def free_port() -> int:
@@ -183,7 +187,7 @@ def emulators(tmp_path_factory) -> Iterator[tuple[Emulator, Emulator]]:
 
 def plugin_for(tmp_path: Path, port: int, *, password: str = PASSWORD, extra: str = "",
                timeout: float = 5.0) -> RedfishPlugin:  # fmt: skip
-    secret = tmp_path / f"password-{port}-{abs(hash(password + extra))}"
+    secret = tmp_path / f"password-{next(SECRETS)}"
     secret.write_text(password + "\n")
     text = (f"[redfish]\ntimeout = {timeout}\n[[redfish.bmcs]]\naddress = '127.0.0.1:{port}'\n"
             f"username = '{USER}'\npassword_file = '{secret}'\n{extra}")  # fmt: skip
@@ -203,6 +207,8 @@ def failures(logs) -> list[tuple[str, str]]:
 def test_on_off_and_cycle_show_in_the_emulator(emulators, tmp_path):
     emulator, _ = emulators
     plugin = plugin_for(tmp_path, emulator.port, extra="plain_http = true\n")
+    registry = CollectorRegistry()
+    plugin.rackboot_services(SimpleNamespace(metrics=registry))  # the node's registry
     assert [emulator.power_state(n) for n in SYSTEMS] == ["Off", "On", "On", "On"]
     with captured_logs() as logs:
         for name, action in (("to-on", "on"), ("to-off", "off"), ("to-cycle", "cycle"),
@@ -214,6 +220,11 @@ def test_on_off_and_cycle_show_in_the_emulator(emulators, tmp_path):
     assert taken == {"to-on": ("Off", "On"), "to-off": ("On", "ForceOff"),
                      "to-cycle": ("On", "ForceRestart"), "already-on": ("On", None)}  # fmt: skip
     assert emulator.power_state("to-cycle") == "Off"  # a restart's first half shows at once
+    counted = {(s.labels["action"], s.labels["result"]): s.value
+               for m in registry.collect() if m.name == "rackboot_redfish_actions"
+               for s in m.samples if s.name.endswith("_total")}  # fmt: skip
+    assert counted == {("on", "reset"): 1, ("off", "reset"): 1, ("cycle", "reset"): 1,
+                       ("on", "unchanged"): 1}  # fmt: skip
     deadline = time.monotonic() + APPLIED_WITHIN
     want = {"to-on": "On", "to-off": "Off", "to-cycle": "On", "already-on": "On"}
     while time.monotonic() < deadline:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import ssl
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from appliance.config import validate
 from appliance.errors import ConfigError
@@ -121,13 +123,18 @@ def test_the_hook_leaves_other_machines_to_other_plugins():
 )  # fmt: skip
 def test_the_hook_fails_without_sending_anything(power, action, reason, detail):
     """Nothing configured for the BMC (the default), a malformed address, an unknown
-    action: False, before any connection, with a log line saying why."""
+    action: False, before any connection, with a log line saying why, counted."""
     plugin = configured("")
+    registry = CollectorRegistry()
+    plugin.rackboot_services(SimpleNamespace(metrics=registry))  # the node's registry
     with captured_logs() as logs:
         assert plugin.provisioning_power(machine=machine(power), action=action) is False
     [line] = [e for e in logs() if e["msg"] == "power action failed"]
     assert (line["level"], line["machine"], line["reason"], line["detail"]) == (
         "error", "web1", reason, detail)  # fmt: skip
+    assert registry.get_sample_value("rackboot_redfish_failures_total", {"reason": reason}) == 1
+    failed = {"action": action, "result": "failed"}
+    assert registry.get_sample_value("rackboot_redfish_actions_total", failed) == 1
 
 
 def test_plain_http_needs_the_bmcs_consent(tmp_path):
