@@ -1,11 +1,11 @@
 """The DHCP relay agent (RFC 1542, RFC 3046, RFC 3527, RFC 5107), sans-IO.
 
 :meth:`RelayAgent.from_client` takes a datagram that arrived on a client-facing
-interface and returns what to forward to the servers; :meth:`RelayAgent.from_server`
-takes a datagram from the upstream side and returns where to deliver it. Both
-return an :class:`Outcome` whose ``dropped`` names the rule a datagram broke;
-the agent counts everything it does (its counters are the plugin's status and
-metrics). It keeps no state between datagrams: a relay is a function of its
+interface and returns what to forward to the servers (a :class:`Forward`);
+:meth:`RelayAgent.from_server` takes a datagram from the upstream side and returns
+where to deliver it (a :class:`Deliver`). Both return None for a datagram they drop
+and count it by the rule it broke; the agent counts everything it does (its counters
+are the plugin's status and metrics). It keeps no state between datagrams: a relay is a function of its
 configuration, so any appliance may run it and a failover loses nothing.
 
 Requests (``op`` 1): at most :data:`MAX_MESSAGE` bytes; ``hops`` below
@@ -30,19 +30,24 @@ broadcast flag is set or for a NAK, else to ``ciaddr`` if set, else to
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 MAGIC_COOKIE = b"\x63\x82\x53\x63"
 OPTIONS_AT = 240
 MAX_MESSAGE = 4096  # a DHCP message longer than this is no client's: malformed
 MAX_FORWARD = 1472  # a 1500-byte IP datagram: option 82 is not added past it
 BROADCAST_FLAG = 0x8000
+BROADCAST_FLAG_BYTE = BROADCAST_FLAG >> 8  # in the first byte of the flags field
 BROADCAST = 0xFFFFFFFF
+NO_ADDRESS = bytes(4)
+END = b"\xff"
+BYTE = [bytes((i,)) for i in range(256)]  # a byte by value, without making one
 OPT_PAD, OPT_MESSAGE_TYPE, OPT_RELAY_INFO, OPT_END = 0, 53, 82, 255
 NAK = 6
 SUB_CIRCUIT_ID, SUB_REMOTE_ID, SUB_LINK_SELECTION, SUB_SERVER_ID_OVERRIDE = 1, 2, 5, 11
 
-# Every reason an Outcome may be dropped for (the counters' keys).
+# Every reason a datagram may be dropped for (the counters' keys).
 REASONS = (
     "malformed", "hops", "loop", "untrusted_option82", "reply_on_client_side",
     "request_on_server_side", "not_a_server", "unknown_giaddr", "circuit_mismatch", "no_route",
@@ -84,25 +89,19 @@ class RelayConfig:
     trust_option82: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Forward:
+# Results are NamedTuples, made once per datagram: a frozen dataclass's __init__ costs
+# twice as much (object.__setattr__ per field), and the relay's CPU per datagram is
+# what its throughput at saturation is made of (bench.relay).
+class Forward(NamedTuple):
     payload: bytes
-    server: int
+    servers: tuple[int, ...]  # the same payload goes to each
 
 
-@dataclass(frozen=True, slots=True)
-class Deliver:
+class Deliver(NamedTuple):
     payload: bytes
     interface: str
     address: int  # BROADCAST, or the client's address
     hwaddr: bytes | None = None  # unicast to a client without an address: its ARP entry
-
-
-@dataclass(slots=True)
-class Outcome:
-    forwards: list[Forward] = field(default_factory=list)
-    deliver: Deliver | None = None
-    dropped: str | None = None
 
 
 class Malformed(ValueError):
@@ -113,12 +112,20 @@ class RelayAgent:
     def __init__(self, config: RelayConfig) -> None:
         self.config = config
         self.links = {link.name: link for link in config.links}
-        self._option82 = {link.name: link.option82() for link in config.links}
         self._by_circuit = {link.circuit_id: link for link in config.links}
         self._by_address: dict[int, list[Link]] = {}
         for link in config.links:
             self._by_address.setdefault(link.address, []).append(link)
         self._ours = frozenset(self._by_address) | ({config.source} if config.source else set())
+        # Per datagram the agent compares and copies bytes: what it writes is made here.
+        self._ours_packed = frozenset(a.to_bytes(4, "big") for a in self._ours)
+        self._giaddr_and_tail = {  # giaddr to set, and what follows the client's options
+            link.name: (
+                (config.source if link.link_selection else link.address).to_bytes(4, "big"),
+                link.option82() + b"\xff",
+            )
+            for link in config.links
+        }
         self._servers = frozenset(config.servers)
         self.requests: Counter[str] = Counter()  # forwarded, by interface
         self.replies: Counter[str] = Counter()  # delivered, by interface
@@ -127,9 +134,9 @@ class RelayAgent:
 
     # -- client side --------------------------------------------------------------------
 
-    def from_client(self, data: bytes, interface: str) -> Outcome:
+    def from_client(self, data: bytes, interface: str) -> Forward | None:
         """A datagram that arrived on client-facing ``interface``."""
-        link = self.links[interface]
+        giaddr, tail = self._giaddr_and_tail[interface]
         try:
             end, span82, _ = scan_untrusted(data)
         except Malformed:
@@ -139,24 +146,22 @@ class RelayAgent:
         hops = data[3]
         if hops >= self.config.max_hops:
             return self._drop("hops")
-        giaddr = int.from_bytes(data[24:28], "big")
-        if giaddr:  # relayed by another agent already: its giaddr and options stay
-            if giaddr in self._ours:
+        if data[24:28] != NO_ADDRESS:  # relayed by another agent: its giaddr and options stay
+            if data[24:28] in self._ours_packed:
                 return self._drop("loop")
-            payload = data[:3] + bytes((hops + 1,)) + data[4:]
+            payload = b"".join((data[:3], BYTE[hops + 1], data[4:]))
         else:
-            if span82 is not None and not self.config.trust_option82:
-                return self._drop("untrusted_option82")
-            ours = link.address if not link.link_selection else self.config.source
-            header = data[:3] + bytes((hops + 1,)) + data[4:24] + ours.to_bytes(4, "big")
-            options = data[28:end]
-            added = self._option82[interface] if span82 is None else b""
-            if added and 28 + len(options) + len(added) + 1 > MAX_FORWARD:
-                added = b""
+            if span82 is not None:
+                if not self.config.trust_option82:
+                    return self._drop("untrusted_option82")
+                tail = END
+            elif end + len(tail) > MAX_FORWARD:
+                tail = END
                 self.option82_skipped += 1
-            payload = header + options + added + b"\xff"
+            # One copy: the header with hops and giaddr replaced, options, option 82, END
+            payload = b"".join((data[:3], BYTE[hops + 1], data[4:24], giaddr, data[28:end], tail))
         self.requests[interface] += 1
-        return Outcome(forwards=[Forward(payload, server) for server in self.config.servers])
+        return Forward(payload, self.config.servers)
 
     # -- server side --------------------------------------------------------------------
 
@@ -164,7 +169,7 @@ class RelayAgent:
         """Is ``address`` a giaddr of this relay?"""
         return address in self._ours
 
-    def from_server(self, data: bytes, source: int, *, local: bool = False) -> Outcome:
+    def from_server(self, data: bytes, source: int, *, local: bool = False) -> Deliver | None:
         """A datagram from ``source`` on the upstream side; ``local``: a reply of the DHCP
         server of this process, handed over (it is a server whatever its address)."""
         if data[:1] == b"\x01":  # a client's broadcast on the upstream link, not hostile
@@ -177,10 +182,9 @@ class RelayAgent:
             return self._drop("malformed")
         if data[0] != 2:
             return self._drop("request_on_server_side")
-        giaddr = int.from_bytes(data[24:28], "big")
-        if giaddr not in self._ours:
+        if data[24:28] not in self._ours_packed:
             return self._drop("unknown_giaddr")
-        named = self._by_address.get(giaddr, [])
+        named = self._by_address.get(int.from_bytes(data[24:28], "big"), ())
         if span82 is not None:
             link = self._by_circuit.get(circuit_id(data[span82[0] + 2 : span82[1]]) or b"")
             if link is None or (named and link not in named):
@@ -190,23 +194,18 @@ class RelayAgent:
             link = named[0]
         else:  # giaddr is the shared source address and the server dropped option 82
             return self._drop("no_route")
-        flags = int.from_bytes(data[10:12], "big")
-        ciaddr = int.from_bytes(data[12:16], "big")
-        yiaddr = int.from_bytes(data[16:20], "big")
-        if flags & BROADCAST_FLAG or kind == NAK:
-            deliver = Deliver(data, link.name, BROADCAST)
-        elif ciaddr:
-            deliver = Deliver(data, link.name, ciaddr)
-        elif yiaddr and data[1] == 1 and data[2] == 6:  # Ethernet: an ARP entry can be set
-            deliver = Deliver(data, link.name, yiaddr, data[28:34])
-        else:
-            deliver = Deliver(data, link.name, BROADCAST)
         self.replies[link.name] += 1
-        return Outcome(deliver=deliver)
+        if data[10] & BROADCAST_FLAG_BYTE or kind == NAK:
+            return Deliver(data, link.name, BROADCAST)
+        if data[12:16] != NO_ADDRESS:  # ciaddr
+            return Deliver(data, link.name, int.from_bytes(data[12:16], "big"))
+        if data[16:20] != NO_ADDRESS and data[1] == 1 and data[2] == 6:
+            # yiaddr, on Ethernet: an ARP entry can be set
+            return Deliver(data, link.name, int.from_bytes(data[16:20], "big"), data[28:34])
+        return Deliver(data, link.name, BROADCAST)
 
-    def _drop(self, reason: str) -> Outcome:
+    def _drop(self, reason: str) -> None:
         self.dropped[reason] += 1
-        return Outcome(dropped=reason)
 
 
 def scan_untrusted(data: bytes) -> tuple[int, tuple[int, int] | None, int]:
@@ -227,9 +226,11 @@ def scan_untrusted(data: bytes) -> tuple[int, tuple[int, int] | None, int]:
             continue
         if code == OPT_END:
             return i, span82, kind
-        if i + 1 >= n or i + 2 + data[i + 1] > n:
+        if i + 1 >= n:
             raise Malformed("truncated option")
         end = i + 2 + data[i + 1]
+        if end > n:
+            raise Malformed("truncated option")
         if code == OPT_RELAY_INFO:
             if span82 is not None:
                 raise Malformed("option 82 twice")

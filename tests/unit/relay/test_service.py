@@ -1,0 +1,128 @@
+"""The relay's receive loop (plugins/relay/service.py) on a scripted socket: bursts.
+
+The shell reads datagrams until the socket stays quiet for a linger, waiting for the
+next one in poll(2) rather than in trio (a trio wake-up costs more CPU than relaying a
+datagram), within bounds that let trio's other tasks run. The socket and poll here
+are scripted: what arrives, and when poll says more came."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from ipaddress import IPv4Address
+
+from plugins.dhcp.codec import Message, build
+from plugins.dhcp.netio import IP_PKTINFO
+from plugins.relay import service
+from plugins.relay.agent import Link, RelayAgent, RelayConfig
+from plugins.relay.service import RelayService
+
+SERVER = int(IPv4Address("10.0.0.2"))
+LINK = Link("lo", int(IPv4Address("10.1.1.1")), b"lo")  # lo: an index in any namespace
+UPSTREAM_INDEX = 99  # an interface that is not client-facing
+
+
+def pktinfo(index: int) -> list[tuple[int, int, bytes]]:
+    return [(socket.IPPROTO_IP, IP_PKTINFO, index.to_bytes(4, sys.byteorder) + bytes(8))]
+
+
+def request(xid: int) -> tuple[bytes, list, int, tuple[str, int]]:
+    data = build(Message(xid=xid, chaddr=bytes(6), options={53: b"\x01"}))
+    return data, pktinfo(socket.if_nametoindex("lo")), 0, ("0.0.0.0", 68)
+
+
+def reply(xid: int) -> tuple[bytes, list, int, tuple[str, int]]:
+    data = build(Message(op=2, xid=xid, flags=0x8000, chaddr=bytes(6),
+                         giaddr=IPv4Address("10.1.1.1"), options={53: b"\x02"}))  # fmt: skip
+    return data, pktinfo(UPSTREAM_INDEX), 0, ("10.0.0.2", 67)
+
+
+class ScriptedSocket:
+    """recvmsg returns what is queued, then EAGAIN; sends are recorded."""
+
+    def __init__(self) -> None:
+        self.queue: list = []
+        self.sent: list[tuple[bytes, tuple[str, int]]] = []
+        self.delivered: list[tuple[bytes, list, tuple[str, int]]] = []
+
+    def recvmsg(self, size: int, ancsize: int):
+        if not self.queue:
+            raise BlockingIOError
+        return self.queue.pop(0)
+
+    def sendto(self, payload: bytes, destination: tuple[str, int]) -> int:
+        self.sent.append((payload, destination))
+        return len(payload)
+
+    def sendmsg(self, buffers: list, ancdata: list, flags: int, destination) -> int:
+        self.delivered.append((buffers[0], ancdata, destination))
+        return len(buffers[0])
+
+
+def relay_service() -> tuple[RelayService, RelayAgent]:
+    agent = RelayAgent(RelayConfig(links=(LINK,), servers=(SERVER,)))
+    relay = RelayService(lambda: agent, 67, 68)
+    relay._prepare(agent)
+    return relay, agent
+
+
+def test_datagrams_that_come_within_the_linger_are_relayed_in_the_same_burst():
+    relay, agent = relay_service()
+    sock = ScriptedSocket()
+    sock.queue.append(request(1))
+    arrivals = [[reply(1), request(2)], [reply(2)]]  # what comes during each linger
+    polls: list[float] = []
+
+    def poll(timeout: float) -> list:
+        polls.append(timeout)
+        if not arrivals:
+            return []  # quiet for a whole linger: back to trio
+        sock.queue.extend(arrivals.pop(0))
+        return [(0, 1)]
+
+    assert relay._burst(agent, sock, poll) is False  # ended quiet, not at its bounds
+    assert polls == [service.LINGER_MS / 1000] * 3
+    assert [destination for _, destination in sock.sent] == [("10.0.0.2", 67)] * 2
+    assert [d[2] for d in sock.delivered] == [("255.255.255.255", 68)] * 2
+    assert agent.requests["lo"] == 2 and agent.replies["lo"] == 2 and not agent.dropped
+
+
+def test_a_burst_stops_at_its_bounds_so_that_trio_runs_other_tasks(monkeypatch):
+    relay, agent = relay_service()
+    sock = ScriptedSocket()
+    monkeypatch.setattr(service, "BURST_DATAGRAMS", 10)
+    xids = iter(range(1000))
+
+    def poll(timeout: float) -> list:  # a datagram comes during every linger: endless
+        sock.queue.append(request(next(xids)))
+        return [(0, 1)]
+
+    sock.queue.extend(request(next(xids)) for _ in range(3))
+    assert relay._burst(agent, sock, poll) is True
+    assert len(sock.sent) == 10 and sock.queue == []
+    # and by time: a clock that has passed the burst's seconds after the first read
+    monkeypatch.setattr(service, "BURST_DATAGRAMS", 1000)
+    now = iter([0.0] + [service.BURST_SECONDS] * 10)
+    monkeypatch.setattr(service.time, "monotonic", lambda: next(now))
+    sock.queue.append(request(next(xids)))
+    assert relay._burst(agent, sock, poll) is True and len(sock.sent) == 11
+
+
+def test_a_burst_on_an_empty_socket_waits_in_trio_not_in_poll():
+    relay, agent = relay_service()
+    assert relay._burst(agent, ScriptedSocket(), lambda timeout: [(0, 1)]) is False
+
+
+def test_the_server_side_interface_is_looked_up_once(monkeypatch):
+    relay, agent = relay_service()
+    looked_up: list[int] = []
+
+    def if_indextoname(index: int) -> str:
+        looked_up.append(index)
+        return "upstream0"
+
+    monkeypatch.setattr(service.socket, "if_indextoname", if_indextoname)
+    sock = ScriptedSocket()
+    sock.queue.extend([reply(1), reply(2), reply(3)])
+    relay._burst(agent, sock, lambda timeout: [])
+    assert looked_up == [UPSTREAM_INDEX] and agent.replies["lo"] == 3
