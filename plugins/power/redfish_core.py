@@ -79,9 +79,11 @@ def target_of(power: str) -> Target | None:
     tls, default_port = SCHEMES[scheme]
     try:
         parts = urlsplit(power)
-        port = parts.port or default_port
+        port = parts.port if parts.port is not None else default_port
     except ValueError as exc:
         raise AddressError(f"not a URL with a valid port: {exc}") from None
+    if port == 0:
+        raise AddressError("not a URL with a valid port: 0")
     if parts.username is not None or parts.password is not None:
         raise AddressError("credentials belong in [[redfish.bmcs]], not in the address")
     if parts.query or parts.fragment:
@@ -103,7 +105,7 @@ def bmc_key(address: str) -> str | None:
     except ValueError:
         return None
     host = _host_of(parts.netloc)
-    if host is None or port is None or parts.path or parts.username is not None:
+    if host is None or not port or parts.path or parts.username is not None:
         return None
     return f"{host}:{port}"
 

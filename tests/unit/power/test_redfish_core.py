@@ -53,6 +53,7 @@ def test_target_names_its_bmc_as_the_config_does():
     assert target_of("redfish://[::1]:8443" + PATH).connect_host == "::1"
     assert bmc_key("bmc") is None  # the port is required
     assert bmc_key("bmc:99999") is None
+    assert bmc_key("bmc:0") is None
     assert bmc_key("user@bmc:443") is None
     assert bmc_key("bmc:443/x") is None
 
@@ -66,6 +67,7 @@ def test_other_schemes_are_not_ours(power):
     ("power", "why"),
     [
         ("redfish://bmc:99999" + PATH, "port"),
+        ("redfish://bmc:0" + PATH, "port"),
         ("redfish://root:pw@bmc" + PATH, "credentials"),
         ("redfish://bmc/redfish/v1/Systems", "/redfish/v1/Systems/ID"),
         ("redfish://bmc/redfish/v1/Systems/1/Bios", "/redfish/v1/Systems/ID"),
