@@ -151,8 +151,9 @@ class Workflow:
     def dhcp(self, mac: str, now: float) -> Actions:
         return self._advance(mac, "discovered", now, "DHCP lease", after=("requested",))
 
-    def fetched(self, mac: str, kind: str, now: float) -> Actions:
-        """``kind``: "loader" (boot script or loader), "kernel", or "initrd:N"."""
+    def fetched(self, mac: str, kind: str, now: float, initrds: int | None = None) -> Actions:
+        """``kind``: "loader" (boot script or loader), "kernel", or "initrd:N";
+        ``initrds``: how many the machine's profile loads (else its record's count)."""
         if kind == "loader":
             return self._advance(mac, "loader", now, "loader fetched",
                                  after=("requested", "discovered"))  # fmt: skip
@@ -161,7 +162,8 @@ class Workflow:
         if machine is None or machine.state not in ("discovered", "loader"):
             return actions
         fetched = tuple(sorted({*machine.fetched, kind}))
-        machine = replace(machine, fetched=fetched)
+        machine = replace(machine, fetched=fetched,
+                          initrds=machine.initrds if initrds is None else initrds)  # fmt: skip
         wanted = {"kernel", *(f"initrd:{i}" for i in range(machine.initrds))}
         if wanted <= set(fetched):
             self._enter(actions, machine, "kernel", now, "kernel and initrds fetched")
@@ -198,6 +200,9 @@ class Workflow:
         return actions
 
     # -- transitions ----------------------------------------------------------------------
+
+    def machine_of(self, mac: str) -> Record | None:
+        return self._machine(mac)
 
     def _machine(self, mac: str) -> Record | None:
         name = self.by_mac.get(mac.lower())

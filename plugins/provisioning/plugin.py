@@ -14,9 +14,11 @@ from appliance.api import CliCommand, Role, Service, hookimpl
 from appliance.config import Config
 from appliance.control import ControlRequestError
 from appliance.logs import get_logger
+from plugins.httpboot.script import Profile, render_ipxe
 
 from . import hookspecs
-from .lifecycle import Actions, Record, Workflow
+from .lifecycle import STAGES, Actions, Record, Workflow
+from .observe import LOCAL, check_profiles, classify, mac_leased_at, profile_for, profiles_of
 from .render import render_list, render_show
 from .schema import SECTION, seed_records, timeouts
 from .service import ProvisioningService
@@ -70,6 +72,8 @@ class ProvisioningPlugin:
         self.flow: Workflow | None = None
         self.service: ProvisioningService | None = None
         self.node: Node | None = None
+        self.profiles: dict[str, Profile] = {}  # [httpboot] profiles by name
+        self.default_profile = ""
 
     @hookimpl
     def rackboot_addhooks(self, pluginmanager: pluggy.PluginManager) -> None:
@@ -84,6 +88,9 @@ class ProvisioningPlugin:
     def rackboot_configure(self, config: Config) -> None:
         self.settings = config["provisioning"]
         self.seeds = seed_records(self.settings, config.source)
+        if "httpboot" in config.sections:
+            self.profiles, self.default_profile = profiles_of(config["httpboot"])
+            check_profiles(self.seeds, self.profiles, config.source)
 
     @hookimpl
     def rackboot_services(self, node: Node) -> list[Service]:
@@ -107,18 +114,58 @@ class ProvisioningPlugin:
 
     # -- observations (hooks of the dhcp and httpboot plugins, on the active) -------------
 
+    def _acting(self) -> bool:
+        return self.flow is not None and self.service is not None and self.service.acting
+
     @hookimpl(optionalhook=True)
     def dhcp_lease_committed(self, lease) -> None:
-        if self.flow is not None and self.service is not None:
+        if self._acting():
             mac = lease.hwaddr.hex(":")
             self.service.observe(self.flow.dhcp(mac, time.time()))
 
     @hookimpl(optionalhook=True)
     def httpboot_machine_event(self, event) -> None:
-        if self.flow is None or self.service is None:
+        if self._acting():
+            self.service.observe(self.flow.installer(event.mac, installer_status(event),
+                                                     time.time(), event.message))  # fmt: skip
+
+    @hookimpl(optionalhook=True)
+    def httpboot_file_served(self, path: str, client: str) -> None:
+        self._fetched(path, client)
+
+    @hookimpl(optionalhook=True)
+    def tftp_file_served(self, path: str, client: str) -> None:
+        self._fetched(path, client)
+
+    def _fetched(self, path: str, client: str) -> None:
+        if not self._acting() or not self.flow.machines or self.node is None:
             return
-        self.service.observe(self.flow.installer(event.mac, installer_status(event),
-                                                 time.time(), event.message))  # fmt: skip
+        mac = mac_leased_at(self.node.state, client)
+        record = None if mac is None else self.flow.machine_of(mac)
+        if record is None:
+            return
+        profile = profile_for(record.profile, self.profiles, self.default_profile)
+        if profile is None:
+            return
+        kind = classify(path, profile)
+        self.service.observe(self.flow.fetched(mac, kind, time.time(), len(profile.initrd)))
+
+    @hookimpl(optionalhook=True)
+    def httpboot_boot_script(self, machine, default: str) -> str | None:
+        """A machine of the inventory boots its record's profile while it is being
+        provisioned (the script fetched: its loader stage), its local disk otherwise:
+        an installer that reboots at its end does not install again."""
+        record = None if self.flow is None else self.flow.machine_of(machine.mac)
+        if record is None:
+            return None
+        if record.state not in STAGES[:-1]:
+            return render_ipxe(replace(machine, profile=LOCAL))
+        if self._acting():
+            self.service.observe(self.flow.fetched(machine.mac, "loader", time.time()))
+        profile = profile_for(record.profile, self.profiles, self.default_profile)
+        if profile is None or profile == machine.profile:
+            return None
+        return render_ipxe(replace(machine, profile=profile))
 
     # -- status, control, CLI -------------------------------------------------------------
 
@@ -190,6 +237,9 @@ class ProvisioningPlugin:
         profile = args.get("profile")
         if profile is not None and not isinstance(profile, str):
             raise ControlRequestError("profile must be text")
+        if profile is not None and self.profiles and profile not in self.profiles:
+            known = ", ".join(sorted(self.profiles))
+            raise ControlRequestError(f"no boot profile named {profile!r} (known: {known})")
         self._writer_only("machines reprovision")
         assert self.flow is not None and self.service is not None
         self.service.observe(self.flow.request(record.name, time.time(), profile))

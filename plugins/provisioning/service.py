@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -92,6 +93,11 @@ class ProvisioningService:
         self._active = active
         self._wake.set()
 
+    @property
+    def acting(self) -> bool:
+        """Does this node run the workflow (the active)? Others only follow the state."""
+        return self._active
+
     def observe(self, actions: Actions) -> None:
         """What an observation changed (called from hooks, in the trio thread)."""
         if actions.saves or actions.power:
@@ -114,11 +120,18 @@ class ProvisioningService:
             self._wake = trio.Event()
 
     async def _seed(self) -> None:
-        """Configured machines the state does not know yet."""
+        """Configured machines the state does not know yet; and the hardware facts of
+        known ones (MACs, power address) as the configuration now gives them: no command
+        changes those, so an edited configuration must."""
         for record in self.seeds:
-            if record.name not in self.flow.machines:
+            known = self.flow.machines.get(record.name)
+            if known is None:
                 self.flow.load(record)
                 await self._apply(Actions(saves=[record]))
+            elif (known.macs, known.power) != (record.macs, record.power):
+                changed = replace(known, macs=record.macs, power=record.power)
+                self.flow.load(changed)
+                await self._apply(Actions(saves=[changed]))
 
     async def _apply(self, actions: Actions) -> None:
         try:

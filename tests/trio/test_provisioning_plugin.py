@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgpack
 import pytest
 import trio
 
@@ -46,8 +47,10 @@ class PowerLog:
 
 
 @contextlib.asynccontextmanager
-async def running(tmp_path: Path, power: PowerLog) -> AsyncIterator[Node]:
-    config, pm = configured(tmp_path, DOCUMENT, provisioning=ProvisioningPlugin(), power=power)
+async def running(
+    tmp_path: Path, power: PowerLog, document: dict = DOCUMENT
+) -> AsyncIterator[Node]:
+    config, pm = configured(tmp_path, document, provisioning=ProvisioningPlugin(), power=power)
     node = Node(config, pm)
     async with trio.open_nursery() as nursery:
         await nursery.start(
@@ -104,3 +107,26 @@ async def test_unknown_machines_and_bad_arguments_are_refused(tmp_path):
                 with pytest.raises(RackbootError, match="no machine named|must be text"):
                     await call(node, cmd, **args)
             assert power.actions == []
+
+
+async def test_an_edited_configuration_changes_a_known_machines_hardware_not_its_state(tmp_path):
+    """MACs and the power address come from the configuration (no command changes them);
+    the pool, profile and stage the rack's state holds stay as the commands left them."""
+    power = PowerLog()
+    with trio.fail_after(LIMIT):
+        async with running(tmp_path, power) as node:
+            await call(node, "machines.pool", name="web1", pool="r9")
+            await until(lambda: node.state.get("provisioning.machines", "web1") is not None, 5)
+        edited = {"provisioning": {**DOCUMENT["provisioning"], "machines": [
+            {"name": "web1", "macs": ["52:54:00:00:00:11"], "profile": "debian", "pool": "r7",
+             "power": "redfish://bmc1/redfish/v1/Systems/1"},
+            DOCUMENT["provisioning"]["machines"][1]]}}  # fmt: skip
+        async with running(tmp_path, power, edited) as node:
+            await until(lambda: _shown(node)["macs"] == ["52:54:00:00:00:11"], 5)
+            web1 = _shown(node)
+            assert web1["power"] == "redfish://bmc1/redfish/v1/Systems/1"
+            assert web1["pool"] == "r9"  # the command's, not the configuration's
+
+
+def _shown(node: Node) -> dict:
+    return msgpack.unpackb(node.state.get("provisioning.machines", "web1"))
