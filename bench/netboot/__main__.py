@@ -1,0 +1,3 @@
+from bench.netboot.cli import main
+
+raise SystemExit(main())
