@@ -86,3 +86,23 @@ def test_answers_refused_by_config_check_write_nothing(capsys, machine):
     assert code == EXIT_CONFIG
     assert "would not pass `config check`" in err and f"{machine.config}: " in err
     assert machine.config.read_bytes() == before
+
+
+def test_a_join_that_cannot_reach_the_ca_holder_keeps_the_file_and_says_what_to_run(
+    capsys, machine, tmp_path
+):
+    """The token is valid (another cluster's), but nobody listens at its address."""
+    import time
+
+    from appliance.cluster import authority
+
+    holder = ClusterFiles(str(tmp_path / "holder"))
+    authority.init_cluster(holder, "holder", time.time())
+    token = authority.issue_token(holder, ["127.0.0.1:1"], 600, time.time()).encode()
+    answers = FIRST_ANSWERS.replace('cluster = "new"', f'cluster = "join"\ntoken = "{token}"')
+    code, out, _ = setup(capsys, machine, answers)
+    assert code == 1
+    assert "rackboot: error: cluster join failed: could not join the cluster: " in out
+    assert f"run `rackboot cluster join TOKEN --config {machine.config}`" in out
+    assert tomllib.loads(machine.config.read_text())["node"]["name"] == "rb-a"
+    assert not ClusterFiles(str(machine.data)).enrolled()

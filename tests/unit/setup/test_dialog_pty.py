@@ -119,15 +119,21 @@ def test_a_rerun_changing_one_answer_keeps_everything_else(machine, operator, ca
     before = tomllib.loads(first_setup(machine).decode())
     capsys.readouterr()
     op = operator()
+    rest = ("Management address (other appliances reach this one here) [10.0.0.5]: ",
+            "Provisioning interface(s), comma-separated [eth1]: ",
+            "Subnet on eth1 (CIDR) [10.1.0.0/24]: ",
+            "DHCP pool(s) in 10.1.0.0/24, 'first-last' [10.1.0.100-10.1.0.199]: ",
+            "Router for machines on 10.1.0.0/24 ('none') [10.1.0.1]: ",
+            "The rack's virtual IP (held by the active appliance; 'none') [10.1.0.2]: ",
+            "Cluster: this node already belongs to one; 'keep' [keep]: ")  # fmt: skip
     op.answer("Name of this appliance [rb-a]: ", "")
     op.answer("Rack it serves [r12]: ", "r13")
-    for prompt in ("Management address (other appliances reach this one here) [10.0.0.5]: ",
-                   "Provisioning interface(s), comma-separated [eth1]: ",
-                   "Subnet on eth1 (CIDR) [10.1.0.0/24]: ",
-                   "DHCP pool(s) in 10.1.0.0/24, 'first-last' [10.1.0.100-10.1.0.199]: ",
-                   "Router for machines on 10.1.0.0/24 ('none') [10.1.0.1]: ",
-                   "The rack's virtual IP (held by the active appliance; 'none') [10.1.0.2]: ",
-                   "Cluster: this node already belongs to one; 'keep' [keep]: "):  # fmt: skip
+    for prompt in rest:
+        op.answer(prompt, "")
+    op.answer("? [y/n]: ", "n")  # not yet: asked again, the answers given as the defaults
+    op.answer("Name of this appliance [rb-a]: ", "")
+    op.answer("Rack it serves [r13]: ", "")
+    for prompt in rest:
         op.answer(prompt, "")
     op.answer("? [y/n]: ", "yes")
     assert op.finish() == EXIT_OK
