@@ -19,16 +19,11 @@ from pathlib import Path
 
 from bench.netboot import timings
 from plugins.httpboot.script import Machine, Profile, base_url, render_ipxe
+from tests.real.test_netboot import CMDLINE, TFTP_SCRIPT  # both sides boot what the test does
 from tests.support.dhcplab import Sniffer
 from tests.support.netboot.node import NetbootNode
 from tests.support.netns import Host, Lab
 
-CMDLINE = "console=ttyS0 panic=-1 quiet"  # as tests/real/test_netboot.py
-# BIOS: the ROM's iPXE gets this by TFTP and chains to the machine's HTTP script.
-TFTP_SCRIPT = """#!ipxe
-echo RACKBOOT-TEST boot.ipxe over TFTP on ${platform}
-chain http://${next-server}/boot/${net0/mac:hexhyp}.ipxe
-"""
 PEER_TOKEN = "static-" + "0" * 36  # the length of Rackboot's tokens; nginx checks nothing
 READY_TIMEOUT = 30.0
 # An RA-only IPv6 prefix for dnsmasq (it advertises only a prefix it has an address in).
