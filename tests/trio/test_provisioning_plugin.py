@@ -116,17 +116,18 @@ async def test_an_edited_configuration_changes_a_known_machines_hardware_not_its
     with trio.fail_after(LIMIT):
         async with running(tmp_path, power) as node:
             await call(node, "machines.pool", name="web1", pool="r9")
-            await until(lambda: node.state.get("provisioning.machines", "web1") is not None, 5)
+            await until(lambda: _shown(node).get("pool") == "r9", 5)  # committed
         edited = {"provisioning": {**DOCUMENT["provisioning"], "machines": [
             {"name": "web1", "macs": ["52:54:00:00:00:11"], "profile": "debian", "pool": "r7",
              "power": "redfish://bmc1/redfish/v1/Systems/1"},
             DOCUMENT["provisioning"]["machines"][1]]}}  # fmt: skip
         async with running(tmp_path, power, edited) as node:
-            await until(lambda: _shown(node)["macs"] == ["52:54:00:00:00:11"], 5)
+            await until(lambda: _shown(node).get("macs") == ["52:54:00:00:00:11"], 5)
             web1 = _shown(node)
             assert web1["power"] == "redfish://bmc1/redfish/v1/Systems/1"
             assert web1["pool"] == "r9"  # the command's, not the configuration's
 
 
 def _shown(node: Node) -> dict:
-    return msgpack.unpackb(node.state.get("provisioning.machines", "web1"))
+    value = node.state.get("provisioning.machines", "web1")
+    return {} if value is None else msgpack.unpackb(value)
