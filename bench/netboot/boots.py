@@ -53,13 +53,15 @@ def mac_of(index: int) -> str:
 
 
 def boot(side, link: VmLink, work: Path, firmware: str, macs: list[str], accel: str,
-         timeout: float) -> list[BootRecord]:  # fmt: skip
+         timeout: float) -> tuple[list[BootRecord], float]:  # fmt: skip
     """Power on one VM per MAC at once on ``side``'s link, wait until every installer
-    has said its last word (or ``timeout``), then for QEMU to exit; the records."""
+    has said its last word (or ``timeout``), then for QEMU to exit: the records, and
+    the CPU seconds the server used meanwhile."""
     side.prepare(macs)
     machines = [vm.Vm(link.host, tap, work / f"vm-{mac.replace(':', '')}", firmware=firmware,
                       mac=mac, accel=accel)
                 for tap, mac in zip(link.taps_for(len(macs)), macs, strict=True)]  # fmt: skip
+    cpu_before = side.cpu_seconds()
     try:
         for machine in machines:
             machine.start()
@@ -69,6 +71,7 @@ def boot(side, link: VmLink, work: Path, firmware: str, macs: list[str], accel: 
         for machine in machines:
             machine.stop()
     time.sleep(0.2)  # the last access line and sniffed frame reach their files
+    server_cpu = round(side.cpu_seconds() - cpu_before, 3)
     frames, access = side.sniffer.frames(), side.access()
     records = []
     for machine in machines:
@@ -77,7 +80,7 @@ def boot(side, link: VmLink, work: Path, firmware: str, macs: list[str], accel: 
         records.append(BootRecord(machine.mac, machine.powered_on_wall,
                                   list(machine.console.lines), ack, addresses, access,
                                   dhcp_reply_ms(frames, machine.mac)))  # fmt: skip
-    return records
+    return records, server_cpu
 
 
 def _wait_all(machines: list[vm.Vm], timeout: float) -> list[vm.Vm]:

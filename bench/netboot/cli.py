@@ -181,9 +181,9 @@ def run_firmware(firmware: str, args: argparse.Namespace, scale: int, accel: str
         for i in range(repeats):
             for side in sides if i % 2 == 0 else sides[::-1]:
                 mac = mac_of(next(counter))
-                (record,) = boot(side, links[side.name], side.work / f"boot{i}",
-                                 firmware, [mac], accel, args.timeout)  # fmt: skip
-                row = _row(side, record)
+                (record,), cpu = boot(side, links[side.name], side.work / f"boot{i}",
+                                      firmware, [mac], accel, args.timeout)  # fmt: skip
+                row = {**_row(side, record), "server_cpu_s": cpu}
                 out["boots"][side.name].append(row)
                 print(f"{firmware} {side.name:<14} #{i + 1} {mac}: {_line(row)}")
         if repeats:
@@ -196,11 +196,12 @@ def run_firmware(firmware: str, args: argparse.Namespace, scale: int, accel: str
         if scale:
             for side in sides:
                 macs = [mac_of(next(counter)) for _ in range(scale)]
-                records = boot(side, links[side.name], side.work / "scale", firmware,
+                records, cpu = boot(side, links[side.name], side.work / "scale", firmware,
                                macs, accel, args.timeout)  # fmt: skip
                 rows = [_row(side, r) for r in records]
-                summary = timings.scale_summary(rows, min(r.powered_on for r in records),
+                summary: dict = timings.scale_summary(rows, min(r.powered_on for r in records),
                                                 [r.powered_on for r in records])  # fmt: skip
+                summary["server_cpu_s"] = cpu
                 out["scale"][side.name] = {**summary, "vms_detail": rows}
                 print(f"{firmware} scale {side.name:<14} {scale} VMs: {_scale_line(summary)}")
             ours, peer = (out["scale"][s.name]["last_installed_s"] for s in sides)
@@ -224,6 +225,7 @@ def _row(side, record: timings.BootRecord) -> dict:
 
 def _line(row: dict) -> str:
     parts = [f"{key} {_fmt(row.get(key))}" for key, _ in (*timings.STAGES, *timings.SERVER_TIMES)]
+    parts.append(f"server CPU {_fmt(row.get('server_cpu_s'))} s")
     if "recorded" in row:
         parts.append(f"recorded {_fmt(row['recorded'])}")
     if "failed" in row:
@@ -235,7 +237,8 @@ def _scale_line(summary: dict) -> str:
     return (f"{summary['installed']}/{summary['vms']} installed, last at "
             f"{_fmt(summary['last_installed_s'])} s (last event {_fmt(summary['last_event_s'])} s), "
             f"median per VM {_fmt(summary['median_installed_s'])} s, "
-            f"powered on within {_fmt(summary['power_on_spread_s'])} s")  # fmt: skip
+            f"powered on within {_fmt(summary['power_on_spread_s'])} s, "
+            f"server CPU {_fmt(summary.get('server_cpu_s'))} s")  # fmt: skip
 
 
 def _fmt(v: float | None) -> str:

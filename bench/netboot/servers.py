@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.http.cli import cpu_seconds
 from bench.netboot import timings
 from plugins.httpboot.script import Machine, Profile, base_url, render_ipxe
 from tests.real.test_netboot import CMDLINE, TFTP_SCRIPT  # both sides boot what the test does
@@ -102,6 +103,11 @@ cmdline = "{CMDLINE}"
     def access(self) -> list[timings.Access]:
         return timings.rackboot_access(self.node.log_text())
 
+    def cpu_seconds(self) -> float:
+        """CPU time the node has used so far (it shares the vCPUs with the VMs)."""
+        assert self.node.proc is not None
+        return cpu_seconds(self.node.proc.pid)
+
     def recorded_event(self, mac: str) -> dict | None:
         """The ``installed`` event the node recorded for ``mac`` (its machine record)."""
         url = f"http://{self.srv.addr}/api/v1/machines/{mac.replace(':', '-')}"
@@ -172,6 +178,10 @@ class PeerSide:
     def access(self) -> list[timings.Access]:
         text = self.access_log.read_text() if self.access_log.exists() else ""
         return timings.nginx_access(text)
+
+    def cpu_seconds(self) -> float:
+        """CPU time dnsmasq and nginx (its master and worker) have used so far."""
+        return cpu_seconds(self.dnsmasq.pid) + cpu_seconds(self.nginx.pid)
 
     def recorded_event(self, mac: str) -> dict | None:
         return None  # nginx answers the POST and keeps nothing but its access line
