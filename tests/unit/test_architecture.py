@@ -58,6 +58,7 @@ SANS_IO = [
     "plugins.ra.ndp",
     "plugins.power.address",
     "plugins.power.redfish_core",
+    "plugins.power.qmp",
     "appliance.cluster.pki",
     "appliance.cluster.jointoken",
     "appliance.cluster.wire",

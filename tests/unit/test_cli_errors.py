@@ -214,7 +214,7 @@ def test_a_file_that_sets_nothing_is_said_to(tmp_path, text):
     path.write_text(text)
     result = rackboot(env_for(tmp_path), "config", "check", str(path))
     assert (result.returncode, result.stderr) == (EXIT_OK, "")
-    assert result.stdout == f"{path}: ok, but it sets nothing: every default applies (12 sections)\n"
+    assert result.stdout == f"{path}: ok, but it sets nothing: every default applies (13 sections)\n"
 
 
 # -- configuration paths that are not a readable regular file -----------------------
@@ -261,14 +261,14 @@ def test_disabling_an_unknown_plugin(tmp_path):
     for args in (("run", "--dev"), ("config", "example"), ("plugins", "list")):
         message = only_line(rackboot(env, *args, "--disable-plugin", "dhpc"), EXIT_CONFIG)
         assert (
-            message == "--disable-plugin 'dhpc': no such plugin (installed: dhcp, httpboot, images, provisioning, ra, redfish, relay, tftp)"
+            message == "--disable-plugin 'dhpc': no such plugin (installed: dhcp, httpboot, images, provisioning, qemu_power, ra, redfish, relay, tftp)"
         )
     config = tmp_path / "rack.toml"
     config.write_text('[plugins]\ndisabled = ["dhpc"]\n')
     message = only_line(rackboot(env, "config", "check", str(config)), EXIT_CONFIG)
     assert message == (
         f"{config}: plugins.disabled: expected names of installed plugins "
-        "(dhcp, httpboot, images, provisioning, ra, redfish, relay, tftp), found str 'dhpc'"
+        "(dhcp, httpboot, images, provisioning, qemu_power, ra, redfish, relay, tftp), found str 'dhpc'"
     )
 
 
