@@ -142,6 +142,8 @@ def _request(conn: http.client.HTTPConnection, method: str, path: str, body: byt
             break
         size += len(chunk)
         if size > REPLY_CAP:
+            if response.status >= 300:  # an error page: its status says enough
+                break
             raise ReplyError(f"a reply of more than {REPLY_CAP} bytes")
         chunks.append(chunk)
     return response.status, b"".join(chunks)

@@ -317,10 +317,19 @@ def silent(conn, stop):
 
 def endless(conn, stop):
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+    endless_body(conn, stop)
+
+
+def endless_body(conn, stop):
     for _ in range(10_000):  # 640 MiB at most: the client cuts it at 256 KiB
         if stop.is_set():
             return
         conn.sendall(b" " * 65536)
+
+
+def endless_refusal(conn, stop):
+    conn.sendall(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: text/html\r\n\r\n")
+    endless_body(conn, stop)
 
 
 def trickle(conn, stop):
@@ -332,7 +341,8 @@ def trickle(conn, stop):
 
 
 @pytest.mark.parametrize(
-    ("reply", "reason"), [(silent, "timeout"), (endless, "bad_reply"), (trickle, "timeout")]
+    ("reply", "reason"),
+    [(silent, "timeout"), (endless, "bad_reply"), (endless_refusal, "auth"), (trickle, "timeout")],
 )
 def test_a_misbehaving_bmc_fails_within_the_timeout(tmp_path, reply, reason):
     with hostile_bmc(reply) as port:
