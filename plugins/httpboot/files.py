@@ -29,20 +29,30 @@ def content_type(path: str) -> bytes:
     return CONTENT_TYPES.get(posixpath.splitext(path)[1].lower(), OCTETS)
 
 
+_ASKS = (b"range", b"if-none-match", b"if-modified-since")
+
+
 def fit_to_request(request: Request, response: Response) -> Response:
-    """Apply validators, conditional requests and ``Range`` to a whole-file response."""
+    """Apply validators, conditional requests and ``Range`` to a whole-file response: an
+    open file (:meth:`Response.file`), or a file's bytes in memory made with its headers
+    (:meth:`Response.kept`, hot.py)."""
     st, body = response.stat, response.region
-    if st is None or body is None or response.status != 200:
+    if st is None or response.status != 200:
         return response
     validators = Validators.of_file(st.st_size, st.st_mtime_ns, st.st_ino)
-    headers = [
-        (b"etag", validators.etag),
-        (b"last-modified", validators.last_modified),
-        (b"accept-ranges", b"bytes"),
-    ]
-    if not any(name == b"content-type" for name, _ in response.headers):
-        headers.append((b"content-type", content_type(request.path)))
-    headers += response.headers
+    if body is None:  # in memory, its headers made once
+        if not any(name in request.headers for name in _ASKS):
+            return response
+        headers = response.headers
+    else:
+        headers = [
+            (b"etag", validators.etag),
+            (b"last-modified", validators.last_modified),
+            (b"accept-ranges", b"bytes"),
+        ]
+        if not any(name == b"content-type" for name, _ in response.headers):
+            headers.append((b"content-type", content_type(request.path)))
+        headers += response.headers
     if request.method in ("GET", "HEAD") and not_modified(
         validators, request.header(b"if-none-match"), request.header(b"if-modified-since")
     ):
@@ -58,7 +68,9 @@ def fit_to_request(request: Request, response: Response) -> Response:
         refused.headers.append((b"content-range", wanted.content_range(st.st_size)))
         return refused
     if isinstance(wanted, ByteRange):
+        ranged = [*headers, (b"content-range", wanted.content_range(st.st_size))]
+        if body is None:
+            return Response(206, ranged, response.body[wanted.start : wanted.end + 1])
         body.offset, body.count = wanted.start, wanted.length
-        headers.append((b"content-range", wanted.content_range(st.st_size)))
-        return Response(206, headers, region=body)
-    return Response(200, headers, region=body)
+        return Response(206, ranged, region=body)
+    return Response(200, headers, response.body, region=body)

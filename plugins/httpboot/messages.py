@@ -102,6 +102,14 @@ class Response:
         headers = [(b"content-type", content_type)] if content_type else []
         return cls(200, headers, region=FileRegion(handle, 0, stat.st_size), stat=stat)
 
+    @classmethod
+    def kept(
+        cls, content: bytes, stat: os.stat_result, headers: list[tuple[bytes, bytes]]
+    ) -> Response:
+        """A whole file's bytes, kept in memory with its validators and content type in
+        ``headers``; the server applies Range and conditional requests (hot.py)."""
+        return cls(200, headers, content, stat=stat)
+
     def close(self) -> None:
         if self.region is not None:
             self.region.handle.close()

@@ -364,7 +364,10 @@ class _Service:
             is_active=lambda: plugin.active,
             status=node.status,
             metrics=node.metrics,
-            script_hook=hook.httpboot_boot_script,
+            # No plugin chooses scripts: no hook call per script (asked once, at the start).
+            script_hook=hook.httpboot_boot_script
+            if hook.httpboot_boot_script.get_hookimpls()
+            else _no_choice,
             event_hook=hook.httpboot_machine_event,
             machines=self.machines,
             # (a default is not run through its kind: it may still be text)
@@ -459,6 +462,11 @@ class _Service:
                                     path=str(self.legacy_secret_path))  # fmt: skip
                 had = secret
                 await anext(changes)
+
+
+def _no_choice(**_: object) -> None:
+    """The httpboot_boot_script hook when no plugin implements it: the default script."""
+    return None
 
 
 plugin = HttpBootPlugin()

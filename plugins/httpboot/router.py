@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from .messages import Route
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)(:path)?\}")
+MATCHES_KEPT = 4096  # (method, path) kept, of MATCHED_PATH_MAX characters at most
+MATCHED_PATH_MAX = 256
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 
 
@@ -41,6 +43,9 @@ class Match:
 class Router:
     def __init__(self, routes: list[Route]) -> None:
         seen: dict[tuple[str, str], Route] = {}
+        # Matches of recent (method, path): a boot asks for the same few names over and
+        # over, and the first match walks every pattern (~10 µs with plugins' routes).
+        self._matched: dict[tuple[str, str], Match] = {}
         self._table: list[tuple[Route, re.Pattern[str]]] = []
         for route in routes:
             if route.method not in METHODS:
@@ -52,6 +57,19 @@ class Router:
             self._table.append((route, compile_pattern(route.pattern)))
 
     def match(self, method: str, path: str) -> Match:
+        """The route for ``method`` and ``path``; its ``params`` are the caller's to change."""
+        key = (method, path)
+        known = self._matched.get(key)
+        if known is None:
+            known = self._match(method, path)
+            if len(path) > MATCHED_PATH_MAX:
+                return known
+            if len(self._matched) >= MATCHES_KEPT:
+                self._matched.clear()  # a crawl of made-up names: start again
+            self._matched[key] = known
+        return Match(known.route, dict(known.params), known.allowed)
+
+    def _match(self, method: str, path: str) -> Match:
         allowed: list[str] = []
         for route, regex in self._table:
             found = regex.fullmatch(path)

@@ -30,6 +30,8 @@ from appliance.state.store import NotWriter
 
 from .beneath import BeneathRoot
 from .events import BadEvent, Event, parse_event_untrusted
+from .files import content_type
+from .hot import HotFiles
 from .identity import bearer_untrusted, machine_token, parse_mac_untrusted, token_matches
 from .machines import Machines
 from .messages import Request, Response, Route
@@ -80,6 +82,7 @@ class BuiltinRoutes:
     ) -> None:
         self.root = root
         self.beneath = BeneathRoot(root)  # the fast path of confine.open_confined
+        self.hot = HotFiles(self.beneath, content_type, time.monotonic, time.time)
         self.policy = policy
         self.secret = secret  # the rack's token secret, None until this node has it
         self.store = store
@@ -116,9 +119,17 @@ class BuiltinRoutes:
     # -- boot -------------------------------------------------------------
 
     def static(self, request: Request) -> Response:
-        opened = self.beneath.open(request.params["path"])  # a regular file under the root
+        name = request.params["path"]
+        hot = self.hot.get(name)  # a small file kept, still the same (hot.py)
+        if hot is not None:
+            return Response.kept(hot.content, hot.stat, hot.headers)
+        opened = self.beneath.open(name)  # a regular file under the root
         if opened is not None:
-            return Response.file(*opened)
+            hot = self.hot.keep(name, *opened)
+            if hot is None:
+                return Response.file(*opened)
+            opened[0].close()
+            return Response.kept(hot.content, hot.stat, hot.headers)
         try:  # anything else: the one answer of the full resolution (404, 403 or the file)
             handle, st = confine.open_confined(self.root, request.params["path"])
         except (confine.NotFound, FileNotFoundError, NotADirectoryError):

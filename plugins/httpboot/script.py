@@ -9,6 +9,7 @@ may replace the result.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -61,11 +62,23 @@ def kernel_arguments(machine: Machine) -> str:
     profile's command line (``{mac}`` and ``{base}`` replaced), then the events
     parameters."""
     profile = machine.profile
-    names = [f"initrd={posixpath.basename(name.removeprefix(IMAGE).rstrip('/'))}"
-             for name in profile.initrd]  # fmt: skip
     cmdline = profile.cmdline.replace("{mac}", machine.mac).replace("{base}", machine.base_url)
     own = [f"rackboot.events={machine.events_url}", f"rackboot.token={machine.token}"]
-    return " ".join(part for part in (*names, cmdline.strip(), *own) if part)
+    return " ".join(part for part in (*_initrd_names(profile), cmdline.strip(), *own) if part)
+
+
+@functools.lru_cache(maxsize=256)
+def _initrd_names(profile: Profile) -> tuple[str, ...]:
+    return tuple(f"initrd={posixpath.basename(name.removeprefix(IMAGE).rstrip('/'))}"
+                 for name in profile.initrd)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _file_urls(profile: Profile, base: str) -> tuple[str, tuple[str, ...]]:
+    """The kernel's and the initrds' URLs: the same for every machine of a profile reaching
+    this server at ``base`` (quoted once, not at every script)."""
+    machine = Machine("", profile, base, "")
+    return machine.file_url(profile.kernel), tuple(machine.file_url(n) for n in profile.initrd)
 
 
 def render_ipxe(machine: Machine) -> str:
@@ -74,7 +87,8 @@ def render_ipxe(machine: Machine) -> str:
     if not profile.kernel:
         lines.append("exit")  # back to the firmware: the next boot device (the local disk)
         return "\n".join(lines) + "\n"
-    lines.append(f"kernel {machine.file_url(profile.kernel)} {kernel_arguments(machine)}")
-    lines.extend(f"initrd {machine.file_url(name)}" for name in profile.initrd)
+    kernel, initrds = _file_urls(profile, machine.base_url)
+    lines.append(f"kernel {kernel} {kernel_arguments(machine)}")
+    lines.extend(f"initrd {url}" for url in initrds)
     lines.append("boot")
     return "\n".join(lines) + "\n"

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from appliance.logs import get_logger
+from appliance.logs import LineBatch, get_logger
 
 from .admission import Admission, Refused
-from .connection import Connection, Limits
+from .connection import Connection, Limits, access
 from .router import Router
 from .stats import Stats
 
@@ -57,6 +57,7 @@ _IGNORABLE_ACCEPT_ERRNOS = {
     if hasattr(errno, name)
 }
 # fmt: on
+ACCESS_FLUSH_SECONDS = 0.2  # an access line waits at most this long to be written
 ACCEPT_BATCH = 64  # connections taken after one wait: bounds the loop's turn (~2 ms)
 REFUSE_DRAIN = 16 << 10  # bytes of a refused connection's request read before it is closed
 # A booting machine holds one connection at a time (iPXE, UEFI HTTP boot), an installer's
@@ -92,7 +93,10 @@ class HttpServer:
         self._scopes: dict[int, trio.CancelScope] = {}  # admitted connection -> its task's scope
         # admitted by the accept loop, by descriptor until its task starts: (conn, scope, client)
         self._admitted: dict[int, tuple[int, trio.CancelScope, tuple[str, int]]] = {}
-        self.access_log = access_log
+        # Access lines written together (a write per request cost more than its file):
+        # within ACCESS_FLUSH_SECONDS of the first one waiting, and when the server stops.
+        self.access = LineBatch(access, on_first=self._access_waiting) if access_log else None
+        self._access_lines = trio.Event()
         self.fence = fence  # node.fence: the VIP is answered on only under the lease
         # httpboot_file_served(path, client), set at the service's start if a plugin
         # implements it; None costs nothing per request.
@@ -109,11 +113,29 @@ class HttpServer:
                 await listener.aclose()
             raise
         self.bound = [_name(listener.socket.getsockname()) for listener in listeners]
-        await trio.serve_listeners(
-            partial(_guarded, self._connection),
-            [_Admitting(listener, self._admit) for listener in listeners],
-            task_status=task_status,
-        )
+        try:
+            async with trio.open_nursery() as nursery:
+                if self.access is not None:
+                    nursery.start_soon(self._flush_access)
+                serving = await nursery.start(
+                    partial(trio.serve_listeners, partial(_guarded, self._connection),
+                            [_Admitting(listener, self._admit) for listener in listeners])
+                )  # fmt: skip
+                task_status.started(serving)
+        finally:
+            if self.access is not None:
+                self.access.flush()
+
+    def _access_waiting(self) -> None:
+        self._access_lines.set()
+
+    async def _flush_access(self) -> None:
+        assert self.access is not None
+        while True:
+            await self._access_lines.wait()
+            await trio.sleep(ACCESS_FLUSH_SECONDS)
+            self._access_lines = trio.Event()
+            self.access.flush()
 
     def _admit(self, sock: trio.socket.SocketType | socket.socket, peer: tuple) -> bool:
         """Admission, in the accept loop: a refused connection costs no task, no stream,
@@ -152,7 +174,7 @@ class HttpServer:
                 local = _name(stream.socket.getsockname())
                 guard = None if self.fence is None else self.fence.guard_for(local[0])
                 connection = Connection(
-                    stream, self.router, self.limits, self.stats, client, local, self.access_log,
+                    stream, self.router, self.limits, self.stats, client, local, self.access or False,
                     guard, partial(self._phase, conn), self.file_served,
                 )  # fmt: skip
                 await connection.serve()

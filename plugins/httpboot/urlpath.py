@@ -70,6 +70,31 @@ def split_target_untrusted(target: bytes) -> tuple[str, bytes]:
     return path, query
 
 
+class SplitTargets:
+    """:func:`split_target_untrusted` of recent targets (the same few names are asked over
+    and over); a target's answer never changes. Bounded: ``size`` targets of at most
+    ``longest`` bytes, all forgotten when full."""
+
+    def __init__(self, size: int = 4096, longest: int = 256) -> None:
+        self.size, self.longest = size, longest
+        self.known: dict[bytes, tuple[str, bytes] | BadTarget] = {}
+
+    def __call__(self, target: bytes) -> tuple[str, bytes]:
+        known = self.known.get(target)
+        if known is None:
+            try:
+                known = split_target_untrusted(target)
+            except BadTarget as exc:
+                known = exc
+            if len(target) <= self.longest:
+                if len(self.known) >= self.size:
+                    self.known.clear()
+                self.known[target] = known
+        if isinstance(known, BadTarget):
+            raise type(known)(*known.args)
+        return known
+
+
 def _unescape(hex_digits: bytes) -> bytes:
     return bytes((int(hex_digits, 16),))
 

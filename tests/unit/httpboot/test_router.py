@@ -57,3 +57,13 @@ def test_conflicts_and_bad_routes_are_refused():
         Router([Route("GET", "x", handler)])
     with pytest.raises(ValueError, match="unknown method"):
         Router([Route("FETCH", "/x", handler)])
+
+
+def test_a_remembered_match_gives_each_request_its_own_params():
+    router = Router([Route("GET", "/boot/{mac}.ipxe", handler), Route("GET", "/x", handler)])
+    first = router.match("GET", "/boot/aa.ipxe")
+    first.params["path"] = "changed by a handler"  # as the script route does
+    assert router.match("GET", "/boot/aa.ipxe").params == {"mac": "aa"}
+    router.match("GET", "/x").params["added"] = "y"
+    assert router.match("GET", "/x").params == {}
+    assert router.match("POST", "/x").allowed == ("GET", "HEAD")

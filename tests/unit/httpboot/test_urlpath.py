@@ -12,6 +12,7 @@ from plugins.httpboot.urlpath import (
     MAX_TARGET,
     BadTarget,
     Forbidden,
+    SplitTargets,
     parse_query_untrusted,
     split_target_untrusted,
 )
@@ -67,6 +68,18 @@ def test_refused(target, kind):
         split_target_untrusted(target)
     assert type(info.value) is kind
     assert info.value.status == (403 if kind is Forbidden else 400)
+
+
+def test_remembered_targets_answer_as_the_function_each_time():
+    split = SplitTargets(size=4, longest=64)
+    for _ in range(2):  # the second pass from memory (what fits)
+        for target, path, query in DECODED:
+            assert split(target) == (path, query)
+        for target, kind in REFUSED:
+            with pytest.raises(BadTarget) as info:
+                split(target)
+            assert type(info.value) is kind
+    assert len(split.known) <= 4 and all(len(t) <= 64 for t in split.known)
 
 
 @given(st.binary(max_size=200))
