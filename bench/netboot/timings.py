@@ -230,7 +230,7 @@ def ratio_table(title: str, ours: Mapping[str, float | None], peer: Mapping[str,
             lines.append("  server's own time")
         for key, label in rows:
             r = ratio(ours.get(key), peer.get(key))
-            verdict = "" if r is None or r <= 1.0 else "  slower"
+            verdict = "" if r is None or round(r, 2) <= 1.0 else "  slower"  # as printed
             lines.append(f"  {label:<22}{cell(ours.get(key), fmt):>9} {unit}"
                          f"{cell(peer.get(key), fmt):>13} {unit}{cell(r, '.2f') + ('x' if r is not None else ' '):>9}{verdict}")  # fmt: skip
     return "\n".join(lines)
