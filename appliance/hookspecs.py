@@ -103,8 +103,12 @@ def rackboot_role_changed(node: Node, old: Role, new: Role) -> None:
     Called synchronously in the node's trio thread. An ``active`` -> ``standby``
     change is announced *before* the node stops holding its rack lease:
     stop outward effects (answering dynamic DHCP, announcing addresses) at
-    once. Until clustering lands, a node becomes active when its services
-    are ready and goes back to standby when it shuts down.
+    once. A node that elects (``[ha]`` with peers or witnesses, or
+    ``backend = "etcd"``; docs/ha.md) becomes active when it acquires the
+    rack's lease and goes back to standby when it loses the lease, hands it
+    over (``rackboot ha demote``, maintenance) or shuts down. A node that
+    elects nothing (standalone) becomes active when its services are ready
+    and goes back to standby when it shuts down.
     """
 
 
