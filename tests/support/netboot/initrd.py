@@ -9,6 +9,10 @@ wget`` (``--header``, ``--post-data``). It prints ``RACKBOOT-INSTALLER:``
 markers on the serial console and powers the VM off, on success or failure
 alike, so a test never waits for a timeout to learn the outcome.
 
+Faulty hardware for the provisioning tests, chosen by the VM's MAC on the kernel
+command line: ``rackboot.test.fail=MAC[,MAC]`` posts a ``failed`` event and powers
+off; ``rackboot.test.hang=MAC[,MAC]`` posts ``started`` and never says anything again.
+
 The archive is cpio ``newc`` (the format the kernel unpacks), gzipped.
 """
 
@@ -145,6 +149,8 @@ def init_script(modules: list[str], event: Event) -> str:
     """``/init``: ``rackboot.events=`` and ``rackboot.token=`` as docs/httpboot.md names them."""
     body = (f'{{"stage": "{event.stage}", "status": "{event.status}", '
             f'"message": "{event.message}"}}')  # fmt: skip
+    failed = '{"stage": "install", "status": "failed", "message": "no disk (rackboot.test.fail)"}'
+    started = '{"stage": "install", "status": "started", "message": "partitioning"}'
     return f"""#!/bin/sh
 /bin/busybox --install -s
 mount -t proc proc /proc
@@ -158,6 +164,8 @@ for arg in $(cat /proc/cmdline); do
   case "$arg" in
     rackboot.events=*) RB_events="${{arg#rackboot.events=}}" ;;
     rackboot.token=*) RB_token="${{arg#rackboot.token=}}" ;;
+    rackboot.test.fail=*) RB_fail="${{arg#rackboot.test.fail=}}" ;;
+    rackboot.test.hang=*) RB_hang="${{arg#rackboot.test.hang=}}" ;;
   esac
 done
 nic=""
@@ -175,6 +183,15 @@ say "address $(cat /tmp/address) on $nic mac $mac"
 [ -n "$RB_events" ] || finish "FAILED no rackboot.events= parameter"
 set -- --header "Content-Type: application/json"
 [ -n "$RB_token" ] && set -- "$@" --header "Authorization: Bearer $RB_token"
+# Faulty hardware, by MAC (tests of the provisioning workflow): hang, or fail.
+case ",$RB_hang," in *",$mac,"*)
+  wget -q -O /tmp/reply "$@" --post-data '{started}' "$RB_events"
+  say "hanging (rackboot.test.hang)"; while :; do sleep 60; done ;;
+esac
+case ",$RB_fail," in *",$mac,"*)
+  wget -q -O /tmp/reply "$@" --post-data '{failed}' "$RB_events"
+  finish "FAILED on purpose (rackboot.test.fail), powering off" ;;
+esac
 if wget -q -O /tmp/reply "$@" --post-data '{body}' "$RB_events"; then
   say "event posted to $RB_events: $(cat /tmp/reply)"
   finish "installed, powering off"

@@ -77,20 +77,27 @@ def accelerator() -> tuple[str, str]:
 
 def vm_host(lab: Lab) -> tuple[Host, str]:
     """A namespace on the lab for the VM, with a tap bridged to its lab link: (host, tap name)."""
+    host, (tap,) = vms_host(lab, 1)
+    return host, tap
+
+
+def vms_host(lab: Lab, count: int) -> tuple[Host, list[str]]:
+    """A namespace on the lab for ``count`` VMs, a tap each, all bridged to its lab link."""
     host = lab.add_host("vm", bare=True)
-    tap, bridge = f"tap-{lab.id}", "brvm"
-    for args in (
+    taps, bridge = [f"tap{i}-{lab.id}"[:15] for i in range(count)], "brvm"
+    steps = [
         ["link", "add", bridge, "type", "bridge", "stp_state", "0", "forward_delay", "0",
          "mcast_snooping", "0"],
         ["link", "set", host.ifname, "master", bridge],
-        ["tuntap", "add", "dev", tap, "mode", "tap"],
-        ["link", "set", tap, "master", bridge, "up"],
-        ["link", "set", bridge, "up"],
-    ):  # fmt: skip
+    ]  # fmt: skip
+    for tap in taps:
+        steps += [["tuntap", "add", "dev", tap, "mode", "tap"],
+                  ["link", "set", tap, "master", bridge, "up"]]  # fmt: skip
+    for args in [*steps, ["link", "set", bridge, "up"]]:
         res = host.run(["ip", *args], timeout=10)
         if res.returncode != 0:
             raise LabError(f"ip {' '.join(args)} in {host.ns}: {res.stderr.strip()}")
-    return host, tap
+    return host, taps
 
 
 @dataclass
@@ -144,11 +151,14 @@ class Vm:
     """One QEMU process on ``host`` (see :func:`vm_host`), not started until :meth:`start`."""
 
     def __init__(self, host: Host, tap: str, workdir: Path, *, firmware: str, mac: str,
-                 accel: str, memory_mb: int = 512) -> None:  # fmt: skip
+                 accel: str, memory_mb: int = 512, qmp: Path | None = None) -> None:  # fmt: skip
         if firmware not in ("bios", "uefi"):
             raise ValueError(f"firmware must be 'bios' or 'uefi', not {firmware!r}")
         self.host, self.tap, self.workdir = host, tap, workdir
         self.firmware, self.mac, self.accel, self.memory_mb = firmware, mac, accel, memory_mb
+        # With a QMP socket the VM is powered by whoever speaks QMP (the qemu_power plugin):
+        # it starts off (-S), and a guest powering off stops it instead of ending QEMU.
+        self.qmp = qmp
         workdir.mkdir(parents=True, exist_ok=True)
         self.serial = workdir / "serial.log"
         self.stderr = workdir / "qemu.stderr"
@@ -161,6 +171,8 @@ class Vm:
     def argv(self) -> list[str]:
         argv = [QEMU, "-accel", self.accel, "-m", str(self.memory_mb), "-nographic",
                 "-no-reboot", "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no"]  # fmt: skip
+        if self.qmp is not None:
+            argv += ["-S", "-no-shutdown", "-qmp", f"unix:{self.qmp},server=on,wait=off"]
         if self.firmware == "bios":
             return argv + ["-boot", "n", "-device", f"virtio-net-pci,netdev=n0,mac={self.mac}"]
         return argv + [
