@@ -46,7 +46,8 @@ def test_slots_a_and_b_are_twins_of_a_sane_size(board):
 def test_boot_first_data_last(board):
     """The firmware looks at the first partition; the data partition is last so
     that a later resize can grow it to the end of the disk."""
-    images, _, partitions = layout(board)
+    images, disk, partitions = layout(board)
+    assert size_bytes(disk.get("align", "512")) >= MIB, "partitions aligned to 1 MiB or more"
     boot, data = partitions[0], partitions[-1]
     assert [p.title for p in partitions[1:-1]] == ["rootfs-a", "rootfs-b"]
     assert boot.options.get("bootable") == "true"

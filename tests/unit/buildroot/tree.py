@@ -5,8 +5,10 @@ checks were shown to fail on planted defects)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,16 +32,29 @@ def upper(package_name: str) -> str:
     return package_name.upper().replace("-", "_").replace(".", "_")
 
 
+@contextlib.contextmanager
+def environment(settings: dict[str, str]):
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def kconfig():
     """kconfiglib over a wrapper like Buildroot's own: the upstream stubs, then
     the tree's Config.in under "External options" (as .br2-external.in does)."""
-    import tempfile
-
     import kconfiglib
 
-    os.environ["CONFIG_"] = ""  # Buildroot's symbols carry BR2_ themselves
-    os.environ[EXTERNAL_PATH_VARIABLE] = str(TREE)
-    with tempfile.TemporaryDirectory() as directory:
+    # Read while parsing only: Buildroot's symbols carry BR2_ themselves (no
+    # CONFIG_ prefix), and its Config.in sources through $BR2_EXTERNAL_..._PATH.
+    settings = {"CONFIG_": "", EXTERNAL_PATH_VARIABLE: str(TREE)}
+    with environment(settings), tempfile.TemporaryDirectory() as directory:
         wrapper = Path(directory, "Config.in")
         wrapper.write_text(
             'mainmenu "Buildroot (stubs)"\n'
