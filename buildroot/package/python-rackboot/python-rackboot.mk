@@ -18,5 +18,6 @@ PYTHON_RACKBOOT_OVERRIDE_SRCDIR_RSYNC_EXCLUSIONS = \
 # pyproject.toml: build-backend = "setuptools.build_meta"
 PYTHON_RACKBOOT_SETUP_TYPE = setuptools
 PYTHON_RACKBOOT_LICENSE = Apache-2.0
+PYTHON_RACKBOOT_LICENSE_FILES = LICENSE
 
 $(eval $(python-package))
