@@ -41,11 +41,13 @@ def test_answers_write_a_valid_configuration_and_create_the_cluster(capsys, mach
 def test_json_answers_with_a_missing_key_keep_the_current_value(capsys, machine):
     assert setup(capsys, machine, FIRST_ANSWERS)[0] == EXIT_OK
     before = tomllib.loads(machine.config.read_text())
+    machine.config.chmod(0o600)  # the operator's choice of mode survives the rewrite
     answers = {"rack": "r13", "cluster": "keep"}  # everything else: as it is
     code, _, err = setup(capsys, machine, json.dumps(answers), name="answers.json")
     assert (code, err) == (EXIT_OK, "")
     before["node"]["rack"] = "r13"
     assert tomllib.loads(machine.config.read_text()) == before
+    assert machine.config.stat().st_mode & 0o777 == 0o600
 
 
 @pytest.mark.parametrize(

@@ -57,3 +57,5 @@ def test_systemd_is_used_only_when_it_runs_and_knows_the_unit(tmp_path):
     (units / "rackboot.service").write_text("[Service]\n")
     assert ask(which=found) == ["systemctl"]
     assert ask(which=lambda name: None) is None  # no systemctl program
+    running.rmdir()
+    assert ask(which=found) is None  # the unit installed, but systemd not running
