@@ -172,6 +172,9 @@ class Vm:
         argv = [QEMU, "-accel", self.accel, "-m", str(self.memory_mb), "-nographic",
                 "-no-reboot", "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no"]  # fmt: skip
         if self.qmp is not None:
+            # No -no-reboot: with it QEMU turns a QMP system_reset into a shutdown too, and
+            # a power cycle would leave the VM off. A guest reboot then netboots again.
+            argv.remove("-no-reboot")
             argv += ["-S", "-no-shutdown", "-qmp", f"unix:{self.qmp},server=on,wait=off"]
         if self.firmware == "bios":
             return argv + ["-boot", "n", "-device", f"virtio-net-pci,netdev=n0,mac={self.mac}"]
