@@ -64,9 +64,11 @@ def httpboot_boot_script(machine: Machine, default: str) -> str | None:
         ``render_ipxe(dataclasses.replace(machine, profile=other))``.
 
     The first non-``None`` answer wins. Called for every script request in
-    the node's trio thread, whatever the node's role: keep it quick and free
-    of side effects. An exception is logged and the machine gets a 500, not
-    the default script: a broken policy must not start an installation.
+    the node's trio thread, whatever the node's role: keep it quick, with no
+    I/O (noting that the machine asked, as the provisioning plugin notes its
+    loader stage, is fine; act on it in a service of your own). An exception
+    is logged and the machine gets a 500, not the default script: a broken
+    policy must not start an installation.
     """
 
 
