@@ -88,7 +88,7 @@ def build_plugin_manager(
         seen[ep.name] = where
         info = PluginInfo(
             name=ep.name,
-            module=ep.value,
+            module=ep.module,  # the module path alone, also for 'module:object' entry points
             distribution=dist_name,
             version=dist.version if dist is not None else "?",
             source=f"entry point {ENTRY_POINT_GROUP}: {ep.name} = {ep.value}",
@@ -114,7 +114,6 @@ def _load_entry_point(
         plugin = ep.load()
     except Exception as exc:  # a broken plugin is named, not a traceback
         raise PluginError(f"plugin {ep.name!r} failed to import: {where}: {_reason(exc)}") from exc
-    info.module = getattr(plugin, "__name__", type(plugin).__name__)
     _register(pm, plugin, ep.name, info, where)
 
 

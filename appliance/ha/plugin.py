@@ -23,12 +23,7 @@ def services(node: Any) -> list[Service]:
 
 
 def render_status(status: dict[str, Any]) -> str:
-    valid_for = status.get("valid_for")
-    validity = "without end" if valid_for is None else f"for {valid_for:.3f}s"
-    lines = [
-        f"mode {status.get('mode')}  role {status.get('role')}  epoch {status.get('epoch')}  "
-        f"valid {validity}",
-    ]
+    lines = [f"mode {status.get('mode')}  role {status.get('role')}  {_lease(status)}"]
     election = status.get("election") or {}
     if election:
         lines.append(
@@ -53,6 +48,16 @@ def render_status(status: dict[str, Any]) -> str:
     if status.get("last_change"):
         lines.append(f"  last change: {status['last_change']}")
     return "\n".join(lines)
+
+
+def _lease(status: dict[str, Any]) -> str:
+    """The lease this node holds, in words: JSON carries an endless one as null."""
+    valid_for, epoch = status.get("valid_for"), status.get("epoch")
+    if valid_for is None:  # nothing elects: a standalone node's lease never ends
+        return f"epoch {epoch}  valid without end"
+    if epoch is None or valid_for <= 0:  # a standby, or a lease that ran out
+        return "no lease held"
+    return f"epoch {epoch}  valid for {valid_for:.3f}s"
 
 
 CLI_COMMANDS = [

@@ -73,6 +73,27 @@ def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
     ]
 
 
+OBJECT_PLUGIN = """
+from appliance.api import hookimpl
+
+class ObjectPlugin:
+    @hookimpl
+    def rackboot_status(self, node):
+        return {}
+
+plugin = ObjectPlugin()
+"""
+
+
+def test_module_is_the_module_path_for_object_entry_points(plugin_dir):
+    """`plugins list` names the module for 'module:object' entry points too, not the class."""
+    plugin_dir("rbt_object", OBJECT_PLUGIN)
+    ep = importlib.metadata.EntryPoint("object", "rbt_object:plugin", ENTRY_POINT_GROUP)
+    pm = build_plugin_manager(entry_points=[ep])
+    assert pm.infos["object"].module == "rbt_object"
+    assert pm.infos["core"].module == "appliance.core_plugin"
+
+
 def test_disabled_plugin_is_not_imported(plugin_dir):
     ep = plugin_dir("rbt_broken", "raise RuntimeError('boom')")
     pm = build_plugin_manager(disabled=["broken"], entry_points=[ep])

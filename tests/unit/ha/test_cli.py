@@ -44,3 +44,22 @@ def test_status_reads_like_a_sentence():
         "  vip 10.0.0.1/24 on eth1: held",
         "  last change: acquired epoch 3",
     ]
+
+
+@pytest.mark.parametrize(
+    "lease, shown",
+    [
+        (
+            {"mode": "embedded", "role": "standby", "epoch": None, "valid_for": 0.0},
+            "mode embedded  role standby  no lease held",
+        ),
+        (
+            {"mode": "standalone", "role": "active", "epoch": 0, "valid_for": None},
+            "mode standalone  role active  epoch 0  valid without end",
+        ),
+    ],
+)
+def test_status_says_when_no_lease_is_held_or_it_never_ends(lease, shown):
+    """A standby used to read ``epoch None  valid for 0.000s``."""
+    status = dict(lease)
+    assert render_status(status).splitlines() == [shown]
