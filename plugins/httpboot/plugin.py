@@ -74,6 +74,7 @@ _PROFILE = {
         List(Str(r"[^\s]+", "a file name under root, image:NAME or an http:// URL")),
         default=(),
         doc="Initrds, in order (names under root, image:NAME, or URLs).",
+        example=("initrd.img",),  # as the built-in default profile, so `config example` matches it
     ),
     "cmdline": Field(
         Str(r"[^\r\n]*", "one line of kernel parameters"),

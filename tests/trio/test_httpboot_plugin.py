@@ -708,3 +708,13 @@ async def test_an_earlier_releases_secret_and_journal_are_imported_once(tmp_path
             )
             assert [e["seq"] for e in machine["events"]] == [3, 4]
         assert [p for p in directory.iterdir() if p.name.startswith("events.journal.not-imported-")]
+
+
+def test_the_example_configuration_shows_the_built_in_default_profile():
+    import tomllib
+
+    from appliance.schema import render_example
+    from plugins.httpboot.plugin import _DEFAULT_PROFILE, SECTION
+
+    doc = tomllib.loads(render_example([SECTION]))
+    assert doc["httpboot"]["profiles"][0] == {"cmdline": "", **_DEFAULT_PROFILE}
