@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from appliance import __version__, control
 from appliance.api import CliCommand
@@ -17,8 +17,15 @@ from appliance.pluginmanager import build_plugin_manager, call_each
 log = get_logger("cli")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, as every other error (docs/cli.md), not a usage block first."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"rackboot: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rackboot", description="Rackboot provisioning appliance")
+    parser = _Parser(prog="rackboot", description="Rackboot provisioning appliance")
     parser.add_argument(
         "--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)"
     )
@@ -237,21 +244,20 @@ def format_status(status: dict[str, Any]) -> str:
     for plugin, info in sorted(status.items()):
         if plugin == "core":
             continue
-        lines.append(f"{plugin}:")
-        lines.extend(_format_mapping(info, "  "))
+        lines.extend(_format_mapping({plugin: info}, ""))
     return "\n".join(lines)
 
 
-def _format_mapping(value: Any, indent: str) -> list[str]:
-    if not isinstance(value, dict):
-        return [f"{indent}{value}"]
+def _format_mapping(value: dict[str, Any], indent: str) -> list[str]:
+    """``key: value`` lines, nested maps indented below their key; an empty map reads
+    ``key: (none)`` (a bare ``key:`` looked like a line cut short)."""
     lines = []
     for key, item in value.items():
-        if isinstance(item, dict):
+        if isinstance(item, dict) and item:
             lines.append(f"{indent}{key}:")
             lines.extend(_format_mapping(item, indent + "  "))
         else:
-            lines.append(f"{indent}{key}: {item}")
+            lines.append(f"{indent}{key}: {'(none)' if item == {} else item}")
     return lines
 
 

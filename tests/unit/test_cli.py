@@ -231,3 +231,22 @@ def test_status_json_is_strict_json(tmp_path):
         "rate": None,
         "rows": [1.5, [None]],
     }
+
+
+def test_text_status_prints_empty_maps_as_none():
+    from appliance.cli import format_status
+
+    lines = format_status({"core": {"name": "n"}, "ra": {}, "x": {"a": {}, "b": 1}}).splitlines()
+    assert "ra: (none)" in lines and "  a: (none)" in lines and "  b: 1" in lines
+
+
+def test_a_usage_error_is_one_line(capsys):
+    from appliance.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["status", "--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "rackboot: error: unrecognized arguments: --bogus"
+    )

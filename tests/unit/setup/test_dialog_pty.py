@@ -31,7 +31,7 @@ class Operator:
         self.child = pexpect.spawn(
             sys.executable, ["-m", "appliance", "setup", "--config", str(machine.config),
                              "--no-start"],
-            cwd=str(REPO), env=dict(os.environ), encoding="utf-8", timeout=30,
+            cwd=str(REPO), env=dict(os.environ), encoding="utf-8", timeout=60,  # a loaded CI machine took >30 s once
             dimensions=(24, 80),
         )  # fmt: skip
         self.child.logfile_read = self.transcript
