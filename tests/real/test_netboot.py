@@ -27,13 +27,13 @@ import pytest
 
 from tests.support.dhcplab import Sniffer, bootp_fields
 from tests.support.netboot import debs, initrd, vm
+from tests.support.netboot.boot import CMDLINE, TFTP_SCRIPT
 from tests.support.netboot.node import NetbootNode
 from tests.support.netns import Host, Lab
 
 BOOT_TIMEOUT = 300.0  # power-on to the installer's last word; 23-48 s measured under TCG
 OFF_TIMEOUT = 30.0  # the installer's last word to QEMU's exit
 IPXE_EFI = Path("/usr/lib/ipxe/ipxe.efi")
-CMDLINE = "console=ttyS0 panic=-1 quiet"  # panic=-1 + -no-reboot: a dying installer ends QEMU
 MACS = {"bios": "52:54:00:6e:62:01", "uefi": "52:54:00:6e:62:02"}
 MARK = initrd.MARK
 ACK = 5
@@ -133,13 +133,6 @@ def boot(lab: Lab, tmp_path: Path, installer: Installer) -> Iterator:
     for one in started:
         one.machine.stop()
         one.node.stop()
-
-
-# BIOS: the ROM's iPXE gets this script by TFTP; it chains to the machine's HTTP script.
-TFTP_SCRIPT = """#!ipxe
-echo RACKBOOT-TEST boot.ipxe over TFTP on ${platform}
-chain http://${next-server}/boot/${net0/mac:hexhyp}.ipxe
-"""
 
 
 def test_bios_vm_boots_dhcp_tftp_http_kernel_and_reports_installed(boot) -> None:

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.real.test_netboot import CMDLINE, TFTP_SCRIPT, installer  # noqa: F401 (fixture)
+from tests.real.test_netboot import installer  # noqa: F401 (the fixture)
 from tests.support.ha_lab import Rack
 from tests.support.netboot import vm
+from tests.support.netboot.boot import CMDLINE, TFTP_SCRIPT
 from tests.support.netboot.node import NetbootNode
 from tests.support.netns import Lab
 

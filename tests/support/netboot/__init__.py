@@ -5,6 +5,7 @@
 * :mod:`.initrd`: the installer the VM boots: busybox, the NIC's kernel modules
   and a short ``/init`` that posts the ``installed`` event and powers off,
   packed as a gzipped ``newc`` cpio archive in Python.
+* :mod:`.boot`: the kernel command line and the TFTP script every VM boots.
 * :mod:`.vm`: QEMU (BIOS with the iPXE ROM of ``ipxe-qemu``, or OVMF) on a tap
   in a namespace of the lab, its serial console in a file, stopped by its PID.
 
