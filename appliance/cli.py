@@ -1,20 +1,36 @@
-"""The ``rackboot`` command. Exit codes are listed in :mod:`appliance.errors` and docs/cli.md."""
+"""The ``rackboot`` command. Exit codes are listed in :mod:`appliance.errors` and docs/cli.md.
+
+The CLI answers at once (issue 21): this module imports only what every command
+needs. The control client, the configuration loader, the plugins (and through
+them trio, cryptography, prometheus_client) are imported by the commands that
+use them, and the plugins' CLI commands are collected only when the command
+word is not a core one (see :func:`wants_plugin_commands`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from appliance import __version__, control
-from appliance.api import CliCommand
+from appliance import __version__
 from appliance.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning, RackbootError, Unreachable
-from appliance.loader import ConfigSource, load, plugin_manager, preflight, resolve_source
 from appliance.logs import get_logger, setup_logging
-from appliance.pluginmanager import build_plugin_manager, call_each
+
+if TYPE_CHECKING:
+    from appliance.api import CliCommand
 
 log = get_logger("cli")
+
+# The command words build_parser defines itself; a plugin cannot take one of them
+# (argparse refuses a second subparser of the same name), so a command line whose
+# first word is here never needs the plugins' commands.
+CORE_COMMANDS = frozenset(
+    ("run", "status", "config", "plugins", "version", "metrics", "cluster", "setup", "witness")
+)
+# Options before the command word that take a value (``--log-level debug``).
+_GLOBAL_OPTIONS_WITH_VALUE = ("--log-format", "--log-level")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -128,9 +144,29 @@ def with_query(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def command_word(argv: list[str]) -> str | None:
+    """The first word of the command line that is no global option or its value."""
+    words = iter(argv)
+    for word in words:
+        if word in _GLOBAL_OPTIONS_WITH_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def wants_plugin_commands(argv: list[str]) -> bool:
+    """Whether parsing ``argv`` needs the plugins' CLI commands: for a plugin command
+    and for the top-level help or usage error, which list them; not for a core
+    command (loading every plugin imports trio and the rest: ~0.4 s)."""
+    return command_word(argv) not in CORE_COMMANDS
+
+
 def plugin_cli_commands() -> list[CliCommand]:
     """Every loadable plugin's CLI commands; a broken plugin is reported by
     the commands that load it (run, plugins list, status), not here."""
+    from appliance.pluginmanager import build_plugin_manager, call_each
+
     try:
         pm = build_plugin_manager((), keep_broken=True)
         found = call_each(pm, "rackboot_cli_commands")
@@ -143,6 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
     from appliance.clock import BoottimeClock
+    from appliance.loader import load, preflight, resolve_source
     from appliance.node import Node
 
     source = resolve_source(args.config, args.dev)
@@ -169,6 +206,7 @@ def cmd_witness(args: argparse.Namespace) -> int:
 
     from appliance.clock import BoottimeClock
     from appliance.ha.witness import Witness, load_identity
+    from appliance.loader import load, resolve_source
 
     config, _ = load(resolve_source(args.config, args.dev), args.disable_plugin)
     ha = config["ha"]
@@ -186,16 +224,21 @@ def cmd_witness(args: argparse.Namespace) -> int:
 def control_path(args: argparse.Namespace) -> str:
     if args.socket is not None:
         return args.socket
-    return _socket_of(load_for_query(args)[0])
+    from appliance.loader import node_settings, resolve_source
+
+    node = node_settings(resolve_source(args.config, args.dev))
+    return _socket_of(node)
 
 
-def _socket_of(config: Any) -> str:
-    return config.node.control_socket or f"{config.node.data_dir}/control.sock"
+def _socket_of(node: Any) -> str:
+    return node.control_socket or f"{node.data_dir}/control.sock"
 
 
 def load_for_query(args: argparse.Namespace) -> tuple[Any, Any]:
     """The configuration of a command that asks the node or reads its files: a broken
     plugin is left out and named on stderr, so that the operator can still look."""
+    from appliance.loader import load, resolve_source
+
     config, pm = load(resolve_source(args.config, args.dev), args.disable_plugin, keep_broken=True)
     for info in pm.broken.values():
         log.warning("plugin not loaded", plugin=info.name, error=info.error)
@@ -203,13 +246,17 @@ def load_for_query(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
+    from appliance import control
+
     text = control.call(control_path(args), "metrics")
     print(control.dumps(text) if args.json else text, end="" if not args.json else "\n")
     return EXIT_OK
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
-    command: CliCommand = args.plugin_command
+    from appliance import control
+
+    command = args.plugin_command
     request = {dest: getattr(args, dest) for dest in args.plugin_args}
     result = control.call(control_path(args), command.control, request, timeout=command.timeout)
     print(control.dumps(result, indent=2, sort_keys=True) if args.json else command.render(result))
@@ -217,7 +264,16 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = control.call(control_path(args), "status")
+    from appliance import control
+
+    try:
+        status = control.call(control_path(args), "status")
+    except Unreachable:
+        # No node answers: perhaps `run` refused a broken plugin. Say which (only now:
+        # loading the plugins is what a status that gets its answer must not pay).
+        if args.socket is None:
+            load_for_query(args)
+        raise
     if args.json:
         print(control.dumps(status, indent=2, sort_keys=True))
     else:
@@ -268,6 +324,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 
 def cmd_config_example(args: argparse.Namespace) -> int:
+    from appliance.loader import plugin_manager
     from appliance.pluginmanager import collect_sections
     from appliance.schema import render_example
 
@@ -277,6 +334,8 @@ def cmd_config_example(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
+    from appliance.loader import ConfigSource, load, preflight
+
     config, _ = load(ConfigSource(args.file, dev=False), args.disable_plugin)
     preflight(config)
     if config.sets_nothing:
@@ -288,6 +347,9 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins_list(args: argparse.Namespace) -> int:
+    from appliance import control
+    from appliance.loader import load, resolve_source
+
     source = resolve_source(args.config, args.dev)
     _, pm = load(source, args.disable_plugin, keep_broken=True)
     infos = [vars(info) for info in [*pm.infos.values(), *pm.broken.values()]]
@@ -329,6 +391,8 @@ def add_cluster_commands(sub, with_config) -> None:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Through the running node (it starts serving at once); without one, on the files directly."""
+    from appliance import control
+
     action = args.cluster_command
     request = {k: getattr(args, k) for k in ("token", "node") if hasattr(args, k)}
     config = None
@@ -336,7 +400,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         path = args.socket
     else:
         config, _ = load_for_query(args)
-        path = _socket_of(config)
+        path = _socket_of(config.node)
     try:
         result = control.call(path, f"cluster.{action}", request, timeout=30)
     except Unreachable:
@@ -446,7 +510,8 @@ def format_cluster(cluster: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(plugin_cli_commands())
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(plugin_cli_commands() if wants_plugin_commands(words) else ())
     args = parser.parse_args(argv)
     setup_logging(args.log_format, args.log_level)
     try:

@@ -6,57 +6,22 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from appliance import __version__
-from appliance.api import Field, Float, List, Section, Service, Str, hookimpl
+from appliance.api import Field, List, Section, Service, Str, hookimpl
 from appliance.cluster.schema import SECTION as _CLUSTER
-from appliance.config import default_node_name, dev_data_dir
 from appliance.ha import plugin as ha
 from appliance.ha.schema import SECTION as _HA
+from appliance.nodesection import NODE as _NODE
 from appliance.state import plugin as state
 
 if TYPE_CHECKING:
     from appliance.api import Role
     from appliance.node import Node
 
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
-
 
 @hookimpl
 def rackboot_config_schema() -> list[Section]:
     return [_NODE, _PLUGINS, _CLUSTER, _HA]
 
-
-_NODE = Section(
-    "node",
-    doc="This appliance.",
-    fields={
-        "name": Field(
-            Str(NAME_PATTERN, "a name of letters, digits, '.', '_' or '-' (at most 63)"),
-            default=default_node_name,
-            doc="Name of this appliance (default: the host name).",
-        ),
-        "rack": Field(
-            Str(NAME_PATTERN, "a rack name of letters, digits, '.', '_' or '-' (at most 63)"),
-            default="rack1",
-            doc="The rack this appliance serves.",
-        ),
-        "data_dir": Field(
-            Str(hint="an absolute directory path", pattern=r"/.*"),
-            default="/var/lib/rackboot",
-            dev_default=dev_data_dir,
-            doc="Where state lives (leases, keys, images). Created with mode 0700.",
-        ),
-        "control_socket": Field(
-            Str(hint="an absolute path, or '' for <data_dir>/control.sock", pattern=r"(/.*)?"),
-            default="",
-            doc="Unix socket the CLI talks to ('' means <data_dir>/control.sock).",
-        ),
-        "shutdown_grace": Field(
-            Float(min=0.0, max=300.0),
-            default=5.0,
-            doc="Seconds a service's cleanup may take at shutdown; a shutdown stuck 5 s past it dumps stacks and exits.",
-        ),
-    },
-)
 
 _PLUGINS = Section(
     "plugins",

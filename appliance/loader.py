@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from appliance.config import (
     DEFAULT_CONFIG_PATH,
@@ -27,12 +28,11 @@ from appliance.config import (
     validate,
 )
 from appliance.errors import ConfigError, UsageError
-from appliance.pluginmanager import (
-    RackbootPluginManager,
-    build_plugin_manager,
-    call_each,
-    collect_sections,
-)
+from appliance.nodesection import NODE
+from appliance.schema import Settings, validate_table
+
+if TYPE_CHECKING:  # the plugins are imported by the commands that load them
+    from appliance.pluginmanager import RackbootPluginManager
 
 CONFIG_VARIABLE = "RACKBOOT_CONFIG"
 
@@ -66,6 +66,8 @@ def load(
     ``keep_broken``: then it is left out, its section ignored, and described in
     ``pm.broken`` (for the commands that must work to find it: plugins list, status).
     """
+    from appliance.pluginmanager import build_plugin_manager, call_each, collect_sections
+
     origin, document = _read(source)
     from_file = disabled_plugins(origin, document)
     disabled = tuple(dict.fromkeys([*from_file, *extra_disabled]))
@@ -80,8 +82,21 @@ def load(
     return config, pm
 
 
+def node_settings(source: ConfigSource) -> Settings:
+    """The [node] section alone, validated, without loading a plugin: what a query
+    command needs to find the control socket (the CLI answers at once). The other
+    sections are the running node's business; ``config check`` validates them."""
+    origin, document = _read(source)
+    raw = document.get("node", {})
+    if not isinstance(raw, dict):
+        raise ConfigError(origin, "node", "a table", raw)
+    return validate_table(NODE.fields, raw, origin, "node", source.dev)
+
+
 def plugin_manager(disabled: Iterable[str]) -> RackbootPluginManager:
     """The plugins without a configuration (``config example``): names checked, none broken."""
+    from appliance.pluginmanager import build_plugin_manager
+
     pm = build_plugin_manager(disabled, keep_broken=True)
     _check_disabled_names(pm, "", (), disabled)
     pm.refuse_broken()

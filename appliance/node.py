@@ -26,7 +26,7 @@ from typing import Any
 import prometheus_client
 import trio
 
-from appliance import control
+from appliance import control, controlserver
 from appliance.api import Role, Service
 from appliance.config import Config, Listening
 from appliance.errors import AlreadyRunning, PluginError, RackbootError, describe_os_error
@@ -121,12 +121,12 @@ class Node:
         try:
             self.services = self._collect_services()
             handlers = self._control_handlers()
-            sock = await control.bind_control_socket(self.control_path)
+            sock = await controlserver.bind_control_socket(self.control_path)
             try:
                 async with trio.open_nursery() as root:
                     if handle_signals:
                         await root.start(self._watch_signals)
-                    await root.start(control.serve_control, sock, handlers)
+                    await root.start(controlserver.serve_control, sock, handlers)
                     try:
                         async with trio.open_nursery() as services:
                             await self._start_services(services)

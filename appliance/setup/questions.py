@@ -19,7 +19,7 @@ from typing import Any
 
 from appliance.cluster.jointoken import TokenError, decode_untrusted
 from appliance.cluster.schema import DEFAULT_PORT as CLUSTER_PORT
-from appliance.core_plugin import NAME_PATTERN
+from appliance.nodesection import NAME_PATTERN
 
 NONE_WORDS = ("none", "-")  # what an operator types for "no router", "no virtual IP"
 

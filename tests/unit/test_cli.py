@@ -250,3 +250,39 @@ def test_a_usage_error_is_one_line(capsys):
     assert err.count("\n") == 1 and err.startswith(
         "rackboot: error: unrecognized arguments: --bogus"
     )
+
+
+LAZY_PROBE = """
+import sys
+from appliance.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+heavy = sorted(m for m in ("trio", "cryptography", "prometheus_client", "msgpack", "pluggy",
+                           "plugins.dhcp") if m in sys.modules)
+print("HEAVY", ",".join(heavy))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["version"], ["status", "--socket", "/nonexistent/rackboot.sock"], ["config", "--help"]],
+)
+def test_core_commands_import_neither_trio_nor_plugins(argv):
+    """The CLI answers at once (issue 21): a core command imports neither trio nor a
+    plugin (each costs tenths of a second); a plugin command still finds the plugins'."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", LAZY_PROBE, *argv], capture_output=True,
+                         text=True, timeout=60).stdout  # fmt: skip
+    heavy = [line for line in out.splitlines() if line.startswith("HEAVY")]
+    assert heavy == ["HEAVY "], out
+
+
+def test_plugin_commands_are_found_when_asked_for(capsys):
+    """`rackboot leases --help` needs the dhcp plugin's command: found lazily."""
+    with pytest.raises(SystemExit) as exc:
+        main(["leases", "--help"])
+    assert exc.value.code == 0
+    assert "list" in capsys.readouterr().out
