@@ -4,7 +4,7 @@ the control socket without importing the plugins (see loader.node_settings)."""
 from __future__ import annotations
 
 from appliance.config import default_node_name, dev_data_dir
-from appliance.schema import Field, Float, Section, Str
+from appliance.schema import Bool, Field, Float, Section, Str
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
 
@@ -37,6 +37,13 @@ NODE = Section(
             Float(min=0.0, max=300.0),
             default=5.0,
             doc="Seconds a service's cleanup may take at shutdown; a shutdown stuck 5 s past it dumps stacks and exits.",
+        ),
+        "log_exchanges": Field(
+            Bool(),
+            default=False,
+            doc="Log a line per DHCP message received and sent (client, address, boot file, "
+            "relay) and per TFTP transfer, like dnsmasq's --log-dhcp. Off: a busy rack's "
+            "boot storm would flood the log.",
         ),
     },
 )

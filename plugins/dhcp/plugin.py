@@ -90,6 +90,7 @@ class DhcpPlugin:
             name=node.config.node.name,
             own_addresses=own,
             rack_addresses=_peer_addresses(node.config["ha"].peers) if rack else (),
+            log_exchanges=node.config.node.log_exchanges,
         )
         return [Service("server", self.service.run)]
 

@@ -36,6 +36,7 @@ import trio
 
 from appliance.logs import get_logger
 
+from .exchangelog import received_fields_untrusted, sent_fields
 from .leases import Lease, address_text
 from .metrics import DhcpMetrics
 from .netio import (
@@ -76,6 +77,7 @@ class DhcpService:
         name: str = "",
         own_addresses: tuple[int, ...] = (),
         rack_addresses: tuple[int, ...] = (),
+        log_exchanges: bool = False,
     ) -> None:
         self.server = server
         self.store = store
@@ -89,6 +91,7 @@ class DhcpService:
         self.name = name  # this node's name, under which it announces its server identifiers
         self.own_addresses = own_addresses  # configured ones; the interfaces' are added at start
         self.rack_addresses = rack_addresses  # the other appliances' as configured ([ha] peers)
+        self.log_exchanges = log_exchanges  # a line per message received and sent ([node])
         self._want_active = server.active
         self._role_changed = trio.Event()
         self._import: tuple[trio.Event, trio.Event] | None = None  # (done, imported)
@@ -204,6 +207,8 @@ class DhcpService:
 
     def _dispatch(self, data: bytes, arrival: Arrival, outcome: Outcome, *, again=False) -> None:
         self.metrics.count(outcome, received=not again)
+        if self.log_exchanges and not again:
+            self._log_received(data, arrival, outcome)
         if outcome.probe is not None:
             self._start_probe(data, arrival, outcome.probe)
         elif outcome.commits:
@@ -213,6 +218,17 @@ class DhcpService:
             self._commit(commits, lambda: self._durable(commits, replies))
         else:
             self._send(outcome.replies, self.server.active)
+
+    def _log_received(self, data: bytes, arrival: Arrival, outcome: Outcome) -> None:
+        fields = received_fields_untrusted(data, arrival.interface, arrival.source[0])
+        if outcome.dropped is not None:
+            fields["ignored"] = outcome.dropped
+        elif outcome.probe is not None:
+            fields["probing"] = address_text(outcome.probe)
+        log.info("dhcp received", **fields)
+
+    def _log_sent(self, reply: Reply, destination: str) -> None:
+        log.info("dhcp sent", **sent_fields(reply.payload, reply.interface, destination))
 
     def _commit(self, commits: list[Lease], on_durable: Callable[[], object] | None = None) -> None:
         try:
@@ -246,6 +262,8 @@ class DhcpService:
             if self._relay_owns is not None and self._relay_owns(_address(reply.address)):
                 self._to_relay(reply.payload, None)  # a relay of this process: no socket
                 self.metrics.sent(reply.kind)
+                if self.log_exchanges:
+                    self._log_sent(reply, "relay in this process")
                 continue
             sock = self.sockets[reply.interface]
             address = reply.address
@@ -268,6 +286,8 @@ class DhcpService:
                 if arp:  # the frame has left: the entry would hold a slot of the host's table
                     delete_arp_entry(sock, reply.interface, address)
             self.metrics.sent(reply.kind)
+            if self.log_exchanges:
+                self._log_sent(reply, f"{address}:{reply.port}")
         return True
 
     def _send_from(self, sock: socket.socket, reply: Reply, address: str) -> None:

@@ -217,7 +217,8 @@ class _Service:
         # The observers are known once plugins are loaded: none, no call per transfer.
         observed = bool(pm.hook.tftp_file_served.get_hookimpls())
         self.server = TftpServer(self.config, self.stats, open_hook, node.fence,
-                                 served_hook if observed else None)  # fmt: skip
+                                 served_hook if observed else None,
+                                 log_requests=node.config.node.log_exchanges)  # fmt: skip
 
     async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         root = self.config.root

@@ -131,8 +131,10 @@ class TftpServer:
         open_hook: OpenHook | None = None,
         fence: Fence | None = None,
         served_hook: ServedHook | None = None,
+        log_requests: bool = False,
     ):
         self.config = config
+        self.log_requests = log_requests  # a line per request received ([node] log_exchanges)
         self.stats = stats
         self._open_hook = open_hook
         self._served_hook = served_hook
@@ -203,6 +205,10 @@ class TftpServer:
             if not isinstance(request, Request):
                 self.stats.malformed += 1  # a stray DATA/ACK/ERROR on the request port
                 continue
+            if self.log_requests:
+                log.info("request", client=_fmt(peer), to=local, kind=request.opcode.name,
+                         file=request.filename, mode=request.mode,
+                         options=",".join(f"{k}={v}" for k, v in request.options.items()))  # fmt: skip
             guard = self._guard(local)
             if guard is not None and not guard():
                 self.stats.transfers["fenced"] += 1  # to the VIP, which this node does not hold

@@ -9,6 +9,7 @@ without the broadcast flag gets its OFFER and ACK by L2 unicast.
 from __future__ import annotations
 
 import ipaddress
+import re
 import signal
 import time
 from pathlib import Path
@@ -36,7 +37,8 @@ def octet(lab: Lab, last: int) -> str:
     return str(lab.network.network_address + last)
 
 
-def serve(lab: Lab, server: Host, workdir: Path, *, extra: str = "", lease_time: int = 600):
+def serve(lab: Lab, server: Host, workdir: Path, *, extra: str = "", lease_time: int = 600,
+          **node_options):  # fmt: skip
     """A node on ``server`` with one subnet carrying every option the clients report."""
     return DhcpNode(
         server,
@@ -54,6 +56,7 @@ def serve(lab: Lab, server: Host, workdir: Path, *, extra: str = "", lease_time:
         mtu = 1400
         routes = ["192.168.50.0/24 via {octet(lab, 254)}", "172.16.0.0/12 via {octet(lab, 253)}"]
         """,
+        **node_options,
     )
 
 
@@ -371,3 +374,66 @@ def test_one_node_serves_two_links_and_answers_inform(lab: Lab, tmp_path: Path) 
         for client in (near_client, far_client, inform):
             client.stop()
         node.stop()
+
+
+def exchange_lines(log: str) -> list[dict[str, str]]:
+    """The fields of each `dhcp received|sent` and TFTP `request` line of a node's log."""
+    lines = []
+    for line in log.splitlines():
+        fields = dict(re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line))
+        if fields.get("msg") in ('"dhcp received"', '"dhcp sent"', "request"):
+            lines.append({k: v.strip('"') for k, v in fields.items()})
+    return lines
+
+
+def test_log_exchanges_logs_each_dhcp_message_and_tftp_request(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """[node] log_exchanges: a line per DHCP message (type, MAC, address, boot file) and
+    per TFTP request, as an operator watching a machine boot reads them; off: none."""
+    if not have_commands("tftp"):
+        pytest.skip("tftp (tftp-hpa) is not installed (see tests/debian-packages.txt)")
+    server = lab.add_host("srv")
+    root = tmp_path / "tftproot"
+    root.mkdir()
+    (root / "pxelinux.0").write_bytes(b"loader" * 100)
+    extra = f"""
+        [dhcp.boot]
+        bios = "pxelinux.0"
+        [tftp]
+        root = "{root}"
+        """
+    node = serve(lab, server, tmp_path, extra=extra, node="log_exchanges = true",
+                 disabled=("httpboot",)).start()  # fmt: skip
+    host = lab.add_host("cli", bare=True)
+    dhcp = Udhcpc(host, tmp_path / "udhcpc", extra=("-V", "PXEClient:Arch:00000")).start()
+    address = told("udhcpc", dhcp.wait("bound", timeout=15))["address"]
+    host.run(["tftp", server.addr, "-c", "get", "pxelinux.0", str(tmp_path / "got")],
+             check=True, timeout=20)  # fmt: skip
+
+    def logged() -> list[dict[str, str]]:
+        return exchange_lines(node.log_text())
+
+    wait_until(lambda: any(f.get("msg") == "request" for f in logged()), 5, "the TFTP line")
+    dhcp_lines = [(f["msg"], f["type"]) for f in logged() if f["msg"] != "request"]
+    assert dhcp_lines[:4] == [("dhcp received", "DISCOVER"), ("dhcp sent", "OFFER"),
+                              ("dhcp received", "REQUEST"), ("dhcp sent", "ACK")]  # fmt: skip
+    by_type = {f["type"]: f for f in logged() if "type" in f}
+    assert by_type["DISCOVER"]["mac"] == host.mac
+    assert by_type["DISCOVER"]["vendor_class"] == "PXEClient:Arch:00000"
+    assert by_type["OFFER"]["address"] == by_type["ACK"]["address"] == address
+    assert by_type["ACK"]["boot"] == "pxelinux.0" and by_type["ACK"]["mac"] == host.mac
+    assert by_type["REQUEST"]["requested"] == address
+    (tftp,) = [f for f in logged() if f["msg"] == "request"]
+    assert (tftp["file"], tftp["kind"], tftp["client"].split(":")[0]) == (
+        "pxelinux.0", "RRQ", address)  # fmt: skip
+    dhcp.stop()
+    node.stop()
+
+    # The default: the same exchange logs no such line.
+    quiet = serve(lab, server, tmp_path / "quiet", extra=extra, disabled=("httpboot",)).start()
+    again = Udhcpc(host, tmp_path / "udhcpc2").start()
+    again.wait("bound", timeout=15)
+    assert exchange_lines(quiet.log_text()) == []
+    again.stop()
+    quiet.stop()

@@ -99,8 +99,10 @@ class DhcpNode:
         name: str = "dhcp-node",
         interfaces: tuple[str, ...] = (),
         disabled: tuple[str, ...] = ("tftp", "httpboot"),
+        node: str = "",
     ) -> None:
-        """``interfaces``: where to serve (default: ``host``'s lab interface)."""
+        """``interfaces``: where to serve (default: ``host``'s lab interface); ``node``:
+        more keys of ``[node]``."""
         self.host = host
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -109,7 +111,7 @@ class DhcpNode:
         self.config = workdir / "rackboot.toml"
         self.log = workdir / "node.log"
         self.config.write_text(
-            f'[node]\nname = "{name}"\ndata_dir = "{self.data}"\nshutdown_grace = 2.0\n\n'
+            f'[node]\nname = "{name}"\ndata_dir = "{self.data}"\nshutdown_grace = 2.0\n{node}\n'
             f"[plugins]\ndisabled = {json.dumps(list(disabled))}\n\n"
             f"[dhcp]\ninterfaces = {json.dumps(list(interfaces or (host.ifname,)))}\n"
             + textwrap.dedent(dhcp)

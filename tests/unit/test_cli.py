@@ -52,7 +52,7 @@ def test_example_passes_check_from_stdin(capsys, monkeypatch):
         ),
         (
             "[node]\nnmae = 'x'\n",
-            "node.nmae: expected a known key (known here: control_socket, data_dir, name, rack, shutdown_grace)",
+            "node.nmae: expected a known key (known here: control_socket, data_dir, log_exchanges, name, rack, shutdown_grace)",
         ),
         (
             "[nodes]\n",
