@@ -285,7 +285,7 @@ def format_status(status: dict[str, Any]) -> str:
     core = status.get("core", {})
     lines = [
         f"node {core.get('name')}  rack {core.get('rack')}  role {core.get('role')}  "
-        f"version {core.get('version')}  up {core.get('uptime', 0):.1f}s  pid {core.get('pid')}",
+        f"{'ready' if core.get('ready') else 'starting'}  version {core.get('version')}  up {core.get('uptime', 0):.1f}s  pid {core.get('pid')}",
         f"  config {core.get('config')}{' (development defaults)' if core.get('dev') else ''}"
         f"  data {core.get('data_dir')}",
     ]

@@ -47,6 +47,7 @@ def rackboot_status(node: Node) -> dict[str, Any]:
         "config": node.config.source,
         "data_dir": str(node.data_dir),
         "role": str(node.role),
+        "ready": node.ready,  # every service started: what a script polls (docs/cli.md)
         "uptime": round(node.uptime(), 3),
         "services": {s.name: node.service_state[s.name] for s in node.services},
         "cluster": node.cluster.status() if node.cluster is not None else {"state": "off"},

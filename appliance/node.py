@@ -33,6 +33,7 @@ from appliance.errors import AlreadyRunning, PluginError, RackbootError, describ
 from appliance.ha.fence import FOREVER, Fence
 from appliance.logs import get_logger
 from appliance.pluginmanager import RackbootPluginManager, call_each
+from appliance.sdnotify import notify
 
 log = get_logger("node")
 
@@ -52,6 +53,7 @@ class Node:
         self.services: list[Service] = []
         self.service_state: dict[str, str] = {}
         self.stopping = trio.Event()
+        self.ready = False  # every service started, not stopping: status and sd_notify say it
         # Plugins register their Prometheus metrics here (never the global
         # registry: tests run many nodes in one process).
         self.metrics = prometheus_client.CollectorRegistry()
@@ -139,8 +141,12 @@ class Node:
                                 services=len(self.services),
                                 control=self.control_path,
                             )
+                            self.ready = True
+                            notify(f"READY=1\nSTATUS=serving as {self.role}")
                             task_status.started(self)
                             await self.stopping.wait()
+                            self.ready = False
+                            notify("STOPPING=1")
                             _arm_shutdown_watchdog(self.shutdown_grace + SHUTDOWN_WATCHDOG_SLACK)
                             self._set_role(Role.STANDBY)
                             services.cancel_scope.cancel()
@@ -275,6 +281,8 @@ class Node:
         old, self.role = self.role, new
         if old is not new:
             log.info("role changed", old=str(old), new=str(new))
+            if self.ready:
+                notify(f"STATUS=serving as {new}")
             call_each(self.pm, "rackboot_role_changed", node=self, old=old, new=new)
 
     def _control_handlers(self) -> dict[str, control.Handler]:

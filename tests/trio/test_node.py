@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 import trio
@@ -232,3 +233,44 @@ async def test_a_raising_status_hook_is_reported_beside_the_others(tmp_path, aut
         reply = await control(node.control_path, "fail.cmd")
         assert reply == {"ok": False, "error": "plugin 'fail': no such lease"}
         node.request_stop()
+
+
+async def test_ready_is_told_to_systemd_and_in_status_once_every_service_serves(
+    tmp_path, autojump_clock, monkeypatch
+):
+    """sd_notify: READY=1 only after the last service started (not when the process or
+    its control socket exists), STOPPING=1 at the stop; status says ready the same way."""
+    notify_path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    listener.setblocking(False)
+
+    async def told() -> str:
+        await trio.lowlevel.wait_readable(listener)
+        return listener.recv(4096).decode()
+
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify_path))
+    events: list = []
+    config, pm = configured(tmp_path, rec=Recorder(events))
+    node = Node(config, pm)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: node.run(handle_signals=False))
+        await trio.sleep(0.5)  # control socket bound, service "a" still starting
+        early = await control(node.control_path, "status")
+        assert early["result"]["core"]["ready"] is False
+        with pytest.raises(BlockingIOError):
+            listener.recv(1)  # nothing told yet
+        assert await told() == "READY=1\nSTATUS=serving as active"
+        assert [e[0] for e in events][:3] == ["ready", "ready", "role"]  # after every service
+        assert (await control(node.control_path, "status"))["result"]["core"]["ready"] is True
+        node.request_stop("test")
+        assert await told() == "STOPPING=1"
+    listener.close()
+
+
+def test_notify_does_nothing_without_systemd(tmp_path):
+    from appliance.sdnotify import notify
+
+    assert notify("READY=1", {}) is False
+    assert notify("READY=1", {"NOTIFY_SOCKET": "relative/path"}) is False
+    assert notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "gone.sock")}) is False  # logged
