@@ -74,6 +74,8 @@ SANS_IO = [
     "appliance.ha.fence",
     "appliance.ha.envelope",
     "appliance.ha.etcd_lease",
+    "appliance.firmware.bundle",
+    "appliance.firmware.slots",
 ]
 
 FORBIDDEN = {
