@@ -90,12 +90,15 @@ class RelayPlugin:
                     "address": _text(link.address),
                     "requests": agent.requests[link.name],
                     "replies": agent.replies[link.name],
+                    # broadcast replies leave as frames through a packet socket
+                    "broadcast_frames": service.frames.uses_frames(link.name),
                 }
                 for link in agent.config.links
             },
             "dropped": dict(agent.dropped),
             "option82_skipped": agent.option82_skipped,
             "send_errors": service.send_errors,
+            "frames_refused": service.frames.refused,  # by the packet socket: sendmsg instead
             "arp_refused": service.arp_refused,
         }
 

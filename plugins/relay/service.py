@@ -8,7 +8,10 @@ to :meth:`RelayAgent.from_client`, all others, and replies from anywhere, to
 interfaces too, through the upstream socket a relay needs anyway.) Replies
 leave through the client's interface (``IP_PKTINFO``'s ``ipi_ifindex`` on
 ``sendmsg``) from its address; a unicast to a client without an address goes
-to the MAC an ARP entry names, as the DHCP server does.
+to the MAC an ARP entry names, as the DHCP server does. A broadcast reply leaves
+as a frame through a packet socket (linklayer.py: no IP output path, no copy looped
+back to local sockets); without CAP_NET_RAW, on an interface that is not Ethernet,
+or when that socket refuses it, through ``sendmsg`` as other replies do.
 
 Datagrams are relayed in bursts: once one has come the shell keeps reading, waiting
 for the next in poll(2) for a short linger, and returns to trio's wait (whose wake-up
@@ -48,6 +51,7 @@ from plugins.dhcp.netio import (
 
 from .agent import BROADCAST, MAX_MESSAGE, Deliver, Forward, RelayAgent
 from .hookspecs import LocalServer
+from .linklayer import BroadcastLinks, open_packet_socket
 
 log = get_logger("relay")
 
@@ -86,13 +90,20 @@ class RelayService:
         self._server_by_text: dict[str, int] = {}  # a reply's source, without parsing it
         self._broadcast = ("255.255.255.255", client_port)
         self._cmsg: dict[str, list] = {}  # interface -> IP_PKTINFO for its replies
+        # broadcast replies as frames; run() gives it its packet socket (none: sendmsg)
+        self.frames = BroadcastLinks(None, port, client_port)
         self.send_errors = 0
         self.arp_refused = 0
 
     async def run(self, node=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         agent = self.make_agent()
-        self._prepare(agent)
-        self.sock = sock = open_server_socket(None, self.port)
+        self.frames = BroadcastLinks(open_packet_socket(), self.port, self.client_port)
+        try:
+            self._prepare(agent)
+            self.sock = sock = open_server_socket(None, self.port)
+        except BaseException:
+            self.frames.close()
+            raise
         self.local = self.find_local()
         if self.local is not None:
             self.local.attach_relay(agent.owns, self._from_local)
@@ -109,6 +120,7 @@ class RelayService:
                         await trio.lowlevel.checkpoint()  # bounds reached: others' turn
         finally:
             sock.close()
+            self.frames.close()
 
     def _prepare(self, agent: RelayAgent) -> None:
         self.agent = agent
@@ -175,6 +187,7 @@ class RelayService:
         self.ifindex[index] = name
         self._by_pktinfo_index[index.to_bytes(4, sys.byteorder)] = name
         self._cmsg[name] = [source_cmsg(address, index)]
+        self.frames.learn(name, address)
 
     def _learn(self, packed_index: bytes) -> str:
         """A client-facing interface deleted and made again (a network reconfigured) has
@@ -212,6 +225,8 @@ class RelayService:
         arp = hwaddr is not None and self._set_arp(sock, deliver)
         if hwaddr is not None and not arp:
             address = BROADCAST
+        if address == BROADCAST and self.frames.send(interface, payload):
+            return
         destination = (
             self._broadcast if address == BROADCAST else (_text(address), self.client_port)
         )

@@ -18,7 +18,9 @@ client-facing interfaces to the relay, without the tags.
 The relay's interfaces carry the VLANs' ``.1`` (their ``giaddr``) and a
 configured circuit-id each (the server echoes option 82: replies find their
 VLAN by it); the client's have no address and a MAC each, so the server sees 24
-clients rather than one MAC in 24 subnets. relay_lab's helpers run unchanged on
+clients rather than one MAC in 24 subnets. Every other client asks for broadcast
+replies (udhcpc ``-B``): the relay sends those as frames through its packet socket
+(plugins/relay/linklayer.py), the others by unicast. relay_lab's helpers run unchanged on
 a :class:`Router` whose client links are the VLANs: the server's subnets
 (``subnets_toml``), its routes back via the relay (``route_via``), the relay's
 ``[[relay.interfaces]]`` (``RelayNode``).
@@ -113,6 +115,11 @@ def vlan_interfaces(kind: str, relay: Host, client: Host,
     return downs, ups
 
 
+def broadcast(i: int) -> tuple[str, ...]:
+    """udhcpc's options for the ``i``-th client: every other one asks for broadcast replies."""
+    return ("-B",) if i % 2 == 0 else ()
+
+
 def set_circuit_ids(relay: RelayNode, circuits: dict[str, str]) -> None:
     """A configured ``circuit_id`` in each ``[[relay.interfaces]]`` RelayNode wrote (its
     ``interface`` keys are the same for every interface; these must differ)."""
@@ -143,7 +150,8 @@ def test_two_dozen_vlans_through_the_relay_each_client_from_its_own_subnet(
         relay.check()
         relay.start()
 
-        clients = [Udhcpc(host, tmp_path / f"cli-{host.ifname}").start() for host in clients_on]
+        clients = [Udhcpc(host, tmp_path / f"cli-{host.ifname}", extra=broadcast(i)).start()
+                   for i, host in enumerate(clients_on)]  # fmt: skip
         addresses = assert_bound_in_their_subnets(router, clients, BOUND_TIMEOUT)
         for down, udhcpc in zip(downs, clients, strict=True):
             bound = udhcpc.wait("bound")
@@ -165,7 +173,9 @@ def test_two_dozen_vlans_through_the_relay_each_client_from_its_own_subnet(
             assert counts["address"] == down.addr, detail
             # DISCOVER and REQUEST up, OFFER and ACK down, on every VLAN
             assert counts["requests"] >= 2 and counts["replies"] >= 2, (down.ifname, counts)
+            assert counts["broadcast_frames"], (down.ifname, counts)
         assert status["dropped"] == {} and status["send_errors"] == 0, detail
+        assert status["frames_refused"] == 0, detail
 
         # A VLAN deleted and made again while the relay runs (a network reconfigured):
         # its interface has a new index, which the relay learns by its name.
@@ -174,9 +184,13 @@ def test_two_dozen_vlans_through_the_relay_each_client_from_its_own_subnet(
         if kind == "8021q":
             batch(client, [f"link del v{first}"])
         (down,), (up,) = vlan_interfaces(kind, trunk.downs[0], client, range(first, first + 1))
-        again = Udhcpc(up, tmp_path / "again").start()
+        # Replies broadcast as frames go out on the new interface.
+        again = Udhcpc(up, tmp_path / "again", extra=broadcast(0)).start()
         bound = again.wait("bound", BOUND_TIMEOUT)
         assert router.in_pool(0, bound["ip"]), bound
         again.stop()
+        status = relay.relay_status()
+        assert status["interfaces"][down.ifname]["broadcast_frames"], status
+        assert status["send_errors"] == 0 and status["frames_refused"] == 0, status
         relay.stop()
         node.stop()

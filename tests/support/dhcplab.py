@@ -119,9 +119,11 @@ class DhcpNode:
         self.proc: subprocess.Popen | None = None
         self.pids: list[int] = []  # every node process started, in order
 
-    def start(self, timeout: float = 20.0, *, nofile: int | None = None) -> DhcpNode:
+    def start(self, timeout: float = 20.0, *, nofile: int | None = None,
+              wrapper: tuple[str, ...] = ()) -> DhcpNode:  # fmt: skip
         """Start the node and wait until it serves DHCP. ``nofile``: its RLIMIT_NOFILE
-        (1024 is what systemd gives a service unless told otherwise)."""
+        (1024 is what systemd gives a service unless told otherwise); ``wrapper``: a
+        command that runs it (``setpriv ...``)."""
         env = {**os.environ, "XDG_DATA_HOME": str(self.workdir / "xdg")}
 
         def limit() -> None:
@@ -130,7 +132,7 @@ class DhcpNode:
 
         with self.log.open("a") as out:
             self.proc = self.host.popen(
-                rackboot("run", "--config", str(self.config)),
+                [*wrapper, *rackboot("run", "--config", str(self.config))],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, cwd=self.workdir, preexec_fn=limit,
             )  # fmt: skip

@@ -21,7 +21,9 @@ only through the relay agent under test:
 
 Hostile replies are built with scapy (:func:`bootreply`) and sent from a lab host by
 this module run as ``python -m tests.support.relay_lab send SRC DST HEX`` (a UDP
-datagram from SRC:67, as a server's reply leaves, to DST:67).
+datagram from SRC:67, as a server's reply leaves, to DST:67). What reaches a UDP
+socket in a namespace is counted by ``python -m tests.support.relay_lab listen PORT
+FILE`` (:class:`Listener`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import contextlib
 import ipaddress
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -347,7 +351,49 @@ def _send(src: str, dst: str, payload_hex: str) -> None:
         sock.sendto(bytes.fromhex(payload_hex), (dst, SERVER_PORT))
 
 
+class Listener:
+    """A UDP socket on ``0.0.0.0:port`` in ``host``'s namespace, by this module's ``listen``:
+    a line per datagram it receives (a broadcast the kernel loops back to local sockets
+    reaches it too; a frame sent through a packet socket does not)."""
+
+    def __init__(self, host: Host, workdir: Path, port: int = 68) -> None:
+        self.out = workdir / f"listen-{host.name}-{port}.txt"
+        self.proc = host.popen(
+            [sys.executable, "-m", "tests.support.relay_lab", "listen", str(port), str(self.out)],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=REPO,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 15.0)
+        assert ready and self.proc.stdout.readline().strip() == "ready", "listener did not start"
+
+    def received(self) -> list[str]:
+        """``SOURCE_ADDRESS PAYLOAD_HEX`` per datagram so far."""
+        return self.out.read_text().splitlines() if self.out.exists() else []
+
+    def stop(self) -> list[str]:
+        stop_process(self.proc)
+        return self.received()
+
+
+def _listen(port: str, out_path: str) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock, open(out_path, "a") as out:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        sock.bind(("0.0.0.0", int(port)))
+        print("ready", flush=True)
+        while True:
+            data, (source, _port) = sock.recvfrom(65_535)
+            out.write(f"{source} {data.hex()}\n")
+            out.flush()
+
+
+USAGE = "usage: python -m tests.support.relay_lab send SRC DST PAYLOAD_HEX | listen PORT FILE"
+
 if __name__ == "__main__":
-    if len(sys.argv) != 5 or sys.argv[1] != "send":
-        raise SystemExit("usage: python -m tests.support.relay_lab send SRC DST PAYLOAD_HEX")
-    _send(*sys.argv[2:])
+    if len(sys.argv) == 5 and sys.argv[1] == "send":
+        _send(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "listen":
+        _listen(*sys.argv[2:])
+    else:
+        raise SystemExit(USAGE)

@@ -54,6 +54,7 @@ SANS_IO = [
     "plugins.images.plan",
     "plugins.images.patch",
     "plugins.relay.agent",
+    "plugins.relay.frames",
     "plugins.provisioning.lifecycle",
     "plugins.ra.ndp",
     "plugins.power.address",

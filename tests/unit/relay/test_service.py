@@ -1,4 +1,5 @@
-"""The relay's receive loop (plugins/relay/service.py) on a scripted socket: bursts.
+"""The relay's receive loop (plugins/relay/service.py) on a scripted socket: bursts, and
+broadcast replies as frames through a (scripted) packet socket.
 
 The shell reads datagrams until the socket stays quiet for a linger, waiting for the
 next one in poll(2) rather than in trio (a trio wake-up costs more CPU than relaying a
@@ -7,13 +8,14 @@ are scripted: what arrives, and when poll says more came."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 from ipaddress import IPv4Address
 
 from plugins.dhcp.codec import Message, build
 from plugins.dhcp.netio import IP_PKTINFO
-from plugins.relay import service
+from plugins.relay import linklayer, service
 from plugins.relay.agent import Link, RelayAgent, RelayConfig
 from plugins.relay.service import RelayService
 
@@ -126,3 +128,89 @@ def test_the_server_side_interface_is_looked_up_once(monkeypatch):
     sock.queue.extend([reply(1), reply(2), reply(3)])
     relay._burst(agent, sock, lambda timeout: [])
     assert looked_up == [UPSTREAM_INDEX] and agent.replies["lo"] == 3
+
+
+class PacketSocket:
+    """A packet socket's sendto, recorded; ``refuse``: the errno of the next sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, tuple]] = []
+        self.refuse: int | None = None
+
+    def sendto(self, packet: bytes, address: tuple) -> int:
+        if self.refuse is not None:
+            raise OSError(self.refuse, "refused")
+        self.sent.append((packet, address))
+        return len(packet)
+
+    def close(self) -> None:
+        pass
+
+
+def framing_service(monkeypatch, kind: int = linklayer.ARPHRD_ETHER):
+    """A relay whose "lo" is an Ethernet interface (``kind``) with a packet socket."""
+    monkeypatch.setattr(linklayer, "hardware_type", lambda name: kind)
+    agent = RelayAgent(RelayConfig(links=(LINK,), servers=(SERVER,)))
+    relay = RelayService(lambda: agent, 67, 68)
+    packet_socket = PacketSocket()
+    relay.frames = linklayer.BroadcastLinks(packet_socket, 67, 68)
+    relay._prepare(agent)
+    return relay, agent, packet_socket
+
+
+def test_a_broadcast_reply_leaves_as_a_frame_through_the_packet_socket(monkeypatch):
+    relay, agent, packet_socket = framing_service(monkeypatch)
+    sock = ScriptedSocket()
+    sock.queue.append(reply(1))
+    relay._burst(agent, sock, lambda timeout: [])
+    ((packet, address),) = packet_socket.sent
+    assert address == ("lo", 0x0800, 0, 0, b"\xff" * 6)  # the kernel adds our MAC
+    assert packet[12:20] == IPv4Address("10.1.1.1").packed + b"\xff" * 4
+    assert packet[20:24] == (67).to_bytes(2, "big") + (68).to_bytes(2, "big")
+    assert agent.replies["lo"] == 1 and sock.delivered == []
+    assert relay.frames.uses_frames("lo") and relay.frames.refused == 0
+    # the UDP payload is what sendmsg sends without a packet socket
+    plain, plain_agent = relay_service()
+    sock.queue.append(reply(1))
+    plain._burst(plain_agent, sock, lambda timeout: [])
+    assert packet[28:] == sock.delivered[0][0]
+
+
+def test_a_refused_frame_goes_by_sendmsg_and_the_next_one_as_a_frame_again(monkeypatch):
+    """Longer than the MTU (EMSGSIZE: sendmsg's datagram is fragmented), the link down,
+    the interface gone: this reply by sendmsg, the packet socket kept."""
+    relay, agent, packet_socket = framing_service(monkeypatch)
+    sock = ScriptedSocket()
+    for errno_ in (errno.EMSGSIZE, errno.ENODEV, errno.ENETDOWN):
+        packet_socket.refuse = errno_
+        sock.queue.append(reply(1))
+        relay._burst(agent, sock, lambda timeout: [])
+    assert [d[2] for d in sock.delivered] == [("255.255.255.255", 68)] * 3
+    assert relay.frames.refused == 3 and packet_socket.sent == []
+    packet_socket.refuse = None
+    sock.queue.append(reply(2))
+    relay._burst(agent, sock, lambda timeout: [])
+    assert len(packet_socket.sent) == 1 and len(sock.delivered) == 3
+
+
+def test_frames_only_on_ethernet_with_a_packet_socket_and_only_broadcasts(monkeypatch):
+    relay, agent, packet_socket = framing_service(monkeypatch, kind=772)  # ARPHRD_LOOPBACK
+    sock = ScriptedSocket()
+    sock.queue.append(reply(1))
+    relay._burst(agent, sock, lambda timeout: [])
+    assert not relay.frames.uses_frames("lo") and packet_socket.sent == []
+    assert len(sock.delivered) == 1
+    # no CAP_NET_RAW: no packet socket
+    relay, agent, _ = framing_service(monkeypatch)
+    relay.frames = linklayer.BroadcastLinks(None, 67, 68)
+    relay._prepare(agent)
+    sock.queue.append(reply(2))
+    relay._burst(agent, sock, lambda timeout: [])
+    assert not relay.frames.uses_frames("lo") and len(sock.delivered) == 2
+    # a renewing client (ciaddr set, no broadcast flag) is answered by unicast
+    relay, agent, packet_socket = framing_service(monkeypatch)
+    renew = build(Message(op=2, xid=3, ciaddr=IPv4Address("10.1.1.7"), chaddr=bytes(6),
+                          giaddr=IPv4Address("10.1.1.1"), options={53: b"\x05"}))  # fmt: skip
+    sock.queue.append((renew, pktinfo(UPSTREAM_INDEX), 0, ("10.0.0.2", 67)))
+    relay._burst(agent, sock, lambda timeout: [])
+    assert packet_socket.sent == [] and sock.delivered[-1][2] == ("10.1.1.7", 68)
