@@ -33,6 +33,7 @@ def dev_data_dir() -> str:
 
 
 def default_node_name() -> str:
+    """The machine's host name, up to its first dot."""
     return socket.gethostname().split(".")[0] or "rackboot"
 
 

@@ -66,11 +66,24 @@ def dhcp_reply_options(request: Message, reply: Message, lease: Lease | None) ->
 @hookspec
 def dhcp_lease_committed(lease: Lease) -> None:
     """A lease was granted or renewed and its record committed in the state log (durable
-    here and acknowledged by the rack's standby); its ACK has been sent. Called once, on
-    the active appliance that granted it (a standby following the log is not told)."""
+    here and acknowledged by the rack's standby); its ACK has been sent.
+
+    :param lease: The :class:`plugins.dhcp.leases.Lease`: ``address`` (an int),
+        ``hwaddr`` (the MAC's bytes), ``client`` (option 61, else type and MAC),
+        ``subnet``, ``hostname``, ``starts`` and ``expires`` (wall-clock seconds),
+        ``state``.
+
+    Called once, on the active appliance that granted it (a standby following the
+    log is not told), in the node's trio thread: keep it quick.
+    """
 
 
 @hookspec
 def dhcp_lease_released(lease: Lease) -> None:
-    """A client released or declined its address (``lease.state`` says which); the record
-    committed. Called on the active appliance that wrote it."""
+    """A client released or declined its address; the record committed.
+
+    :param lease: The :class:`plugins.dhcp.leases.Lease` as recorded;
+        ``lease.state`` says which (released or declined).
+
+    Called on the active appliance that wrote it, in the node's trio thread.
+    """
