@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from appliance import __version__
 from appliance.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning, RackbootError, Unreachable
+from appliance.firmware.commands import add_firmware_commands
 from appliance.logs import get_logger, setup_logging
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ log = get_logger("cli")
 # first word is here never needs the plugins' commands.
 CORE_COMMANDS = frozenset(
     ("run", "status", "config", "plugins", "version", "metrics", "cluster", "setup", "witness")
+    + ("firmware",)
 )
 # Options before the command word that take a value (``--log-level debug``).
 _GLOBAL_OPTIONS_WITH_VALUE = ("--log-format", "--log-level")
@@ -119,6 +121,7 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
         "--listen", metavar="ADDRESS:PORT", help="UDP address (default: [ha] listen and port)"
     )
     witness.set_defaults(func=cmd_witness)
+    add_firmware_commands(sub, with_config)
 
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): sub}
     for command in extra:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from appliance import __version__
 from appliance.api import Field, List, Section, Service, Str, hookimpl
 from appliance.cluster.schema import SECTION as _CLUSTER
+from appliance.firmware.schema import FIRMWARE as _FIRMWARE
 from appliance.ha import plugin as ha
 from appliance.ha.schema import SECTION as _HA
 from appliance.nodesection import NODE as _NODE
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 @hookimpl
 def rackboot_config_schema() -> list[Section]:
-    return [_NODE, _PLUGINS, _CLUSTER, _HA]
+    return [_NODE, _PLUGINS, _CLUSTER, _HA, _FIRMWARE]
 
 
 _PLUGINS = Section(

@@ -29,7 +29,7 @@ from appliance.config import (
 )
 from appliance.errors import ConfigError, UsageError
 from appliance.nodesection import NODE
-from appliance.schema import Settings, validate_table
+from appliance.schema import Section, Settings, validate_table
 
 if TYPE_CHECKING:  # the plugins are imported by the commands that load them
     from appliance.pluginmanager import RackbootPluginManager
@@ -86,11 +86,17 @@ def node_settings(source: ConfigSource) -> Settings:
     """The [node] section alone, validated, without loading a plugin: what a query
     command needs to find the control socket (the CLI answers at once). The other
     sections are the running node's business; ``config check`` validates them."""
+    return section_settings(source, NODE)
+
+
+def section_settings(source: ConfigSource, section: Section) -> Settings:
+    """One core section alone, validated, without loading a plugin (``[node]``,
+    ``[firmware]``)."""
     origin, document = _read(source)
-    raw = document.get("node", {})
+    raw = document.get(section.name, {})
     if not isinstance(raw, dict):
-        raise ConfigError(origin, "node", "a table", raw)
-    return validate_table(NODE.fields, raw, origin, "node", source.dev)
+        raise ConfigError(origin, section.name, "a table", raw)
+    return validate_table(section.fields, raw, origin, section.name, source.dev)
 
 
 def plugin_manager(disabled: Iterable[str]) -> RackbootPluginManager:

@@ -56,7 +56,7 @@ def test_example_passes_check_from_stdin(capsys, monkeypatch):
         ),
         (
             "[nodes]\n",
-            "nodes: expected a known section (known: cluster, dhcp, ha, httpboot, images, node, plugins, provisioning, qemu_power, ra, redfish, relay, tftp)",
+            "nodes: expected a known section (known: cluster, dhcp, firmware, ha, httpboot, images, node, plugins, provisioning, qemu_power, ra, redfish, relay, tftp)",
         ),
         (
             "[node]\ndata_dir = 'relative/dir'\n",
@@ -267,7 +267,12 @@ print("HEAVY", ",".join(heavy))
 
 @pytest.mark.parametrize(
     "argv",
-    [["version"], ["status", "--socket", "/nonexistent/rackboot.sock"], ["config", "--help"]],
+    [
+        ["version"],
+        ["status", "--socket", "/nonexistent/rackboot.sock"],
+        ["config", "--help"],
+        ["firmware", "--help"],
+    ],
 )
 def test_core_commands_import_neither_trio_nor_plugins(argv):
     """The CLI answers at once (issue 21): a core command imports neither trio nor a
