@@ -36,6 +36,7 @@ class Peer:
     next_attempt: float = 0.0
     inbound: int = 0  # live sessions the peer opened to us
     rtt: float | None = None
+    clock_skew: float | None = None  # its wall clock minus ours (session.py), seconds
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class PeerTable:
         peer.attempts += 1
         peer.state = REFUSED if refused else DOWN
         peer.reason = reason
-        peer.rtt = None
+        peer.rtt = peer.clock_skew = None
         peer.next_attempt = now + self.backoff.delay(peer.attempts, self.rng)
         return peer.next_attempt
 
@@ -195,6 +196,7 @@ class PeerTable:
                     "last_seen_ago": None if p.last_seen is None else round(now - p.last_seen, 3),
                     "last_seen": p.last_seen_wall, "reason": p.reason,
                     "sources": sorted(p.sources), "rtt_ms": None if p.rtt is None else round(p.rtt * 1000, 3),
+                    "clock_skew": None if p.clock_skew is None else round(p.clock_skew, 4),
                 }
             )  # fmt: skip
         return out

@@ -614,14 +614,14 @@ class Cluster:
                 if peer.last_seen is None or last > peer.last_seen:
                     peer.last_seen, peer.last_seen_wall = last, wall - (now - last)
                 if outbound:
-                    peer.rtt = pump.session.rtt
+                    peer.rtt, peer.clock_skew = pump.session.rtt, pump.session.clock_skew
         me = self.local_info()
         site = [
             {
                 "node_id": identity.node_id, "name": me.name, "rack": me.rack, "role": me.role,
                 "address": me.addr, "version": me.version, "state": "self", "health": "online",
                 "last_seen_ago": 0.0, "last_seen": wall, "reason": "", "sources": [], "rtt_ms": None,
-                "self": True,
+                "clock_skew": 0.0, "self": True,
             },
             *self.table.snapshot(now),
         ]  # fmt: skip

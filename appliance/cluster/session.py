@@ -7,6 +7,14 @@ versions are then decided by :func:`negotiate`; an incompatible peer is sent
 that, each end pings every ``keepalive`` seconds and closes a session that
 has been silent for ``dead_after`` seconds.
 
+A pong carries the answering end's wall-clock time (``w``), so the pinging end
+measures the peer's clock skew as an NTP client would: that time against the
+midpoint of the round trip on its own wall clock (``rackboot doctor`` reports
+it). An older peer's pong lacks ``w`` (extra fields are ignored both ways):
+no skew then. Time comes in as ``now`` (the shell's monotonic clock) and,
+for this, ``wall`` (its wall clock); a caller that passes no ``wall`` gets no
+skew.
+
 The shell feeds bytes with :meth:`Session.receive_data`, sends
 :meth:`Session.data_to_send`, arms :meth:`Session.get_timer` and calls
 :meth:`Session.handle_timer`, and reads :meth:`Session.next_event`.
@@ -14,6 +22,7 @@ The shell feeds bytes with :meth:`Session.receive_data`, sends
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -21,6 +30,9 @@ from appliance.cluster import wire
 
 PROTO_MIN = 1
 PROTO_MAX = 1
+# A skew sample is kept only when the wall clock moved as the monotonic one did during
+# its round trip (within this many seconds): a clock stepped mid-ping measures nothing.
+WALL_STEP_TOLERANCE = 0.5
 
 
 @dataclass(frozen=True)
@@ -114,7 +126,8 @@ class Session:
         self.next_ping = now + keepalive
         self.pings = 0
         self.rtt: float | None = None
-        self._ping_sent: dict[int, float] = {}
+        self.clock_skew: float | None = None  # the peer's wall clock minus ours, last sample
+        self._ping_sent: dict[int, tuple[float, float | None]] = {}
         self._out = bytearray()
         self._events: deque[Event] = deque()
         self._send(
@@ -132,7 +145,7 @@ class Session:
 
     # -- shell interface ------------------------------------------------------
 
-    def receive_data(self, data: bytes, now: float) -> None:
+    def receive_data(self, data: bytes, now: float, wall: float | None = None) -> None:
         if self.closed is not None:
             return
         if not data:
@@ -145,7 +158,7 @@ class Session:
             return
         for message in messages:
             self.last_rx = now
-            self._handle(message, now)
+            self._handle(message, now, wall)
             if self.closed is not None:
                 break
 
@@ -160,7 +173,7 @@ class Session:
         deadline = self.last_rx + self.dead_after
         return min(deadline, self.next_ping) if self.established else deadline
 
-    def handle_timer(self, now: float) -> None:
+    def handle_timer(self, now: float, wall: float | None = None) -> None:
         if self.closed is not None:
             return
         if now >= self.last_rx + self.dead_after:
@@ -169,7 +182,7 @@ class Session:
             return
         if self.established and now >= self.next_ping:
             self.pings += 1
-            self._ping_sent = {self.pings: now}  # only the newest ping measures RTT
+            self._ping_sent = {self.pings: (now, wall)}  # only the newest ping measures
             self._send({"t": "ping", "n": self.pings, "role": self.local.role})
             self.next_ping = now + self.keepalive
 
@@ -203,7 +216,7 @@ class Session:
         self._send({"t": "refuse", "reason": reason})
         self._close(Closed(reason, refused=True))
 
-    def _handle(self, message: dict, now: float) -> None:
+    def _handle(self, message: dict, now: float, wall: float | None) -> None:
         kind = message["t"]
         if kind == "refuse":
             self._close(Closed(f"peer refused us: {message['reason'][:300]}", refused_by_peer=True))
@@ -213,18 +226,29 @@ class Session:
             else:
                 self._hello(message)
         elif kind == "ping":
-            self._send({"t": "pong", "n": message["n"]})
+            self._send({"t": "pong", "n": message["n"]} | ({} if wall is None else {"w": wall}))
             if message["role"] != self.peer.role:
                 self.peer = PeerHello(**{**self.peer.__dict__, "role": message["role"][:32]})
                 self._events.append(RoleChanged(self.peer.role))
         elif kind == "pong":
             sent = self._ping_sent.pop(message["n"], None)
             if sent is not None:
-                self.rtt = now - sent
+                self.rtt = now - sent[0]
+                self._measure_skew(sent[1], wall, message.get("w"))
         elif kind == "crl":
             self._events.append(CrlReceived(message["der"]))
         else:
             self._refuse(f"unexpected {kind} message after hello")
+
+    def _measure_skew(self, sent: float | None, received: float | None, theirs: object) -> None:
+        """``theirs`` is untrusted: a finite number, or no sample."""
+        if sent is None or received is None or self.rtt is None:
+            return
+        if not isinstance(theirs, int | float) or isinstance(theirs, bool):
+            return
+        if not math.isfinite(theirs) or abs(received - sent - self.rtt) > WALL_STEP_TOLERANCE:
+            return
+        self.clock_skew = theirs - (sent + received) / 2
 
     def _hello(self, m: dict) -> None:
         local = self.local

@@ -203,7 +203,7 @@ class Pump:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self.session.close(f"connection lost: {tls_reason(exc)}")
             else:
-                self.session.receive_data(data, trio.current_time())
+                self.session.receive_data(data, trio.current_time(), time.time())
             await self._after()
         await self._after()
         await trio.sleep_forever()  # the nursery is being cancelled
@@ -215,7 +215,7 @@ class Pump:
             with trio.move_on_at(deadline if deadline is not None else float("inf")):
                 await rearm.wait()
             if not rearm.is_set():
-                self.session.handle_timer(trio.current_time())
+                self.session.handle_timer(trio.current_time(), time.time())
             await self._after()  # outside the deadline's scope: a send is never cut in half
 
     async def _after(self) -> None:

@@ -96,6 +96,9 @@ async def test_init_join_link_status_and_restart(tmp_path, logs):
                 assert row["rack"] == "rack1" and row["role"] == "active" and row["version"]
                 assert row["address"].startswith("127.0.0.1:") and row["last_seen_ago"] < 1.0
                 assert site(a)["alpha"]["self"] is True
+                # the keepalives measure the peer's wall clock (one machine here: no skew)
+                await wait_until(lambda: site(a)["beta"]["clock_skew"] is not None, what="skew")
+                assert abs(site(a)["beta"]["clock_skew"]) < 0.5
                 status = a.status()["core"]["cluster"]
                 assert status["ca_holder"] and status["state"] == "member" and status["links"] >= 1
             # beta stopped: alpha notices within dead_after and shows it offline.

@@ -155,3 +155,51 @@ def test_peer_close_is_an_event():
     events(sa)
     sa.receive_data(b"", 1)
     assert events(sa) == [Closed("peer closed the connection")]
+
+
+def _ping_pong(sa: Session, sb: Session, *, sent: tuple, answered: tuple, back: tuple) -> None:
+    """One ping of ``sa`` at (monotonic, wall) ``sent``, answered by ``sb`` at ``answered``,
+    the pong back at ``back``: each end's own clocks, given explicitly."""
+    pings = sa.pings
+    sa.handle_timer(sent[0], wall=sent[1])
+    assert sa.pings == pings + 1
+    sb.receive_data(sa.data_to_send(), answered[0], answered[1])
+    sa.receive_data(sb.data_to_send(), back[0], back[1])
+
+
+def test_a_pong_carries_the_peer_wall_clock_and_the_pinger_measures_skew():
+    sa, sb = pair(keepalive=1.0)
+    exchange(sa, sb, 0.0)
+    assert sa.clock_skew is None
+    # b's wall clock runs 2.5 s ahead of a's; the round trip takes 40 ms, 20 ms each way.
+    _ping_pong(sa, sb, sent=(1.0, 1000.0), answered=(1.02, 1002.52), back=(1.04, 1000.04))
+    assert abs(sa.rtt - 0.04) < 1e-9
+    assert abs(sa.clock_skew - 2.5) < 1e-9
+    assert sb.clock_skew is None  # b measures with its own pings
+    _ping_pong(sb, sa, sent=(1.0, 1003.0), answered=(1.05, 1000.51), back=(1.02, 1003.02))
+    assert abs(sb.clock_skew + 2.5) < 1e-9
+
+
+def test_no_skew_from_an_old_peer_a_bad_value_or_a_clock_stepped_mid_ping():
+    sa, sb = pair(keepalive=1.0)
+    exchange(sa, sb, 0.0)
+    # an older peer answers without its wall time (a pong of n only): rtt, no skew
+    sb.receive_data(wire.encode({"t": "ping", "n": 7, "role": "active"}), 0.5)
+    assert wire.FrameReader().feed(sb.data_to_send()) == [{"t": "pong", "n": 7}]
+    sa.handle_timer(sa.next_ping, wall=1000.0)
+    sa.data_to_send()
+    sa.receive_data(wire.encode({"t": "pong", "n": sa.pings}), 1.01, 1000.01)
+    assert sa.rtt is not None and sa.clock_skew is None
+    for bad in ("1000.0", float("nan"), float("inf"), True, None):
+        sa.handle_timer(sa.next_ping, wall=1001.0)
+        sa.data_to_send()
+        sa.receive_data(wire.encode({"t": "pong", "n": sa.pings, "w": bad}), sa.next_ping - 0.99,
+                        1001.01)  # fmt: skip
+        assert sa.closed is None and sa.clock_skew is None, bad
+    # our wall clock jumped an hour while the ping was out: the sample measures nothing
+    t = sa.next_ping
+    _ping_pong(sa, sb, sent=(t, 2000.0), answered=(t, 2000.01), back=(t + 0.02, 5600.02))
+    assert sa.clock_skew is None
+    t = sa.next_ping
+    _ping_pong(sa, sb, sent=(t, 5601.0), answered=(t, 5601.01), back=(t + 0.02, 5601.02))
+    assert abs(sa.clock_skew) < 1e-9
