@@ -393,6 +393,7 @@ class HaService:
             out["transport"] = {
                 "port": self.transport.port, **self.transport.counters,
                 "dropped": dict(self.transport.dropped),
+                "heard": self.transport.heard(now),  # seconds ago, by node id: who answers
             }  # fmt: skip
         if self.vip is not None:
             out["vip"] = {

@@ -69,6 +69,14 @@ class TokenBucket:
         return False
 
 
+def _keep_newest(table: dict, key: Any, value: Any) -> None:
+    """Set ``table[key]``, re-inserted last so the oldest goes first past MAX_SOURCES."""
+    table.pop(key, None)
+    if len(table) >= MAX_SOURCES:
+        table.pop(next(iter(table)))
+    table[key] = value
+
+
 def split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -110,6 +118,9 @@ class UdpTransport:
         self._pushed: dict[Address, float] = {}  # address -> when it was last sent a list
         self._push_bucket: TokenBucket | None = None
         self._sealed_crl: tuple[int, bytes | None] = (-1, None)
+        # node id -> when (trio time) its last datagram passed the certificate and signature
+        # checks: which acceptors this node hears, authenticated (`rackboot doctor`)
+        self._heard: dict[str, float] = {}
 
     async def bind(self, addresses: list[str]) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -175,6 +186,7 @@ class UdpTransport:
             self._refuse(address, "internal", f"{type(exc).__name__}: {exc}")
             return
         self._note(source, opened.crl)
+        _keep_newest(self._heard, opened.sender, trio.current_time())
         if opened.message is None:
             self._received_crl(opened, address)
             return
@@ -195,11 +207,12 @@ class UdpTransport:
                 if target not in self._stated or self._stated[target] is not None:
                     self._send_crl(target)
 
+    def heard(self, now: float) -> dict[str, float]:
+        """Seconds since each sender's last authenticated datagram, by node id."""
+        return {sender: round(now - at, 3) for sender, at in sorted(self._heard.items())}
+
     def _note(self, source: Address, stated: int | None) -> None:
-        self._stated.pop(source, None)  # re-inserted last: the oldest goes first
-        if len(self._stated) >= MAX_SOURCES:
-            self._stated.pop(next(iter(self._stated)))
-        self._stated[source] = stated
+        _keep_newest(self._stated, source, stated)
 
     def _behind(self, target: Address, number: int) -> bool:
         """Did ``target`` last state a list older than ``number``? (Never heard from, or

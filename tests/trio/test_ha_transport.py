@@ -227,6 +227,9 @@ async def test_junk_through_the_socket_then_a_valid_datagram_is_delivered(member
     assert [s for s, _ in deliveries][-1:] == [members["b"].node_id]
     assert {s for s, _ in deliveries} == {members["b"].node_id}
     assert transport.counters["refused"] + len(deliveries) == len(junk) + 1
+    # heard (what `rackboot doctor` reads): the member whose datagram passed, nobody else
+    heard = transport.heard(trio.current_time())
+    assert list(heard) == [members["b"].node_id] and 0 <= heard[members["b"].node_id] < 5
     # the other cluster's certificate was checked once; its repeats cost a hash
     assert transport.dropped["certificate"] >= 100 and transport.dropped["internal"] == 0
 
