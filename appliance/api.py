@@ -115,9 +115,10 @@ class CliCommand:
 class PluginNode(Protocol):
     """The node every hook and service receives as ``node``: what a plugin may use of it.
 
-    One object per running node (tests run several in one process: keep per-node
-    state keyed by the node, never in module globals). Everything not listed here
-    is the core's own and may change in any release.
+    ``rackboot run`` runs one node per process, and a plugin object loaded from its
+    entry point is registered with that node's plugin manager, so a plugin may keep
+    the node it is given (``rackboot.testing`` also starts one node at a time).
+    Everything not listed here is the core's own and may change in any release.
     """
 
     config: Config

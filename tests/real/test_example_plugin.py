@@ -19,23 +19,16 @@ the files) and installs that wheel with the same pip command.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import email.parser
-import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +36,7 @@ from typing import Any
 import pytest
 
 from appliance.errors import EXIT_OK, EXIT_PLUGIN
+from tests.support.distributions import pip_install
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "rackboot-hello"
@@ -115,82 +109,6 @@ def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     kwargs.setdefault("cwd", REPO)
     return subprocess.run(
         cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False, **kwargs
-    )
-
-
-def _setuptools_builds_wheels() -> bool:
-    """``bdist_wheel`` is in setuptools from 70.1 on; before, it comes with ``wheel``."""
-    if importlib.util.find_spec("wheel") is not None:
-        return True
-    try:
-        version = importlib.metadata.version("setuptools")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
-    return (major, minor) >= (70, 1)
-
-
-def _digest(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def _build_wheel_without_wheel_package(src: Path, work: Path) -> Path:
-    """A pure-Python wheel (PEP 427) of the setuptools project ``src``, without ``wheel``."""
-    meta, lib = work / "meta", work / "lib"
-    meta.mkdir()
-    lib.mkdir()
-    setup = [sys.executable, "-c", "from setuptools import setup; setup()", "-q"]
-    built = _run(
-        [*setup, "egg_info", "--egg-base", str(meta), "build_py", "--build-lib", str(lib)],
-        cwd=src,
-    )
-    assert built.returncode == 0, f"setuptools failed on {src}:\n{built.stdout}{built.stderr}"
-    (egg_info,) = meta.glob("*.egg-info")
-    pkg_info = (egg_info / "PKG-INFO").read_bytes()
-    metadata = email.parser.BytesParser().parsebytes(pkg_info)
-    stem = f"{re.sub(r'[-_.]+', '_', metadata['Name'])}-{metadata['Version']}"
-    dist_info = f"{stem}.dist-info"
-
-    files = {
-        path.relative_to(lib).as_posix(): path.read_bytes()
-        for path in sorted(lib.rglob("*"))
-        if path.is_file()
-    }
-    files[f"{dist_info}/METADATA"] = pkg_info
-    for name in ("entry_points.txt", "top_level.txt"):
-        if (egg_info / name).is_file():
-            files[f"{dist_info}/{name}"] = (egg_info / name).read_bytes()
-    files[f"{dist_info}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: tests/real/test_example_plugin.py\n"
-        b"Root-Is-Purelib: true\nTag: py3-none-any\n"
-    )
-    record = [f"{path},sha256={_digest(data)},{len(data)}" for path, data in files.items()]
-    record.append(f"{dist_info}/RECORD,,")
-    files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
-
-    wheel = work / f"{stem}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-    return wheel
-
-
-def pip_install(src: Path, target: Path, work: Path) -> None:
-    """Install the project ``src`` into ``target`` with pip, offline and without dependencies."""
-    work.mkdir(parents=True)
-    # Build from a copy: an in-tree build leaves build/ and *.egg-info behind.
-    copy = work / "src"
-    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    what = copy if _setuptools_builds_wheels() else _build_wheel_without_wheel_package(copy, work)
-    installed = _run(
-        [
-            *(sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"),
-            *("--no-deps", "--no-build-isolation", "--no-index", "--target", str(target)),
-            str(what),
-        ]
-    )
-    assert installed.returncode == 0, (
-        f"pip install {what} failed:\n{installed.stdout}{installed.stderr}"
     )
 
 

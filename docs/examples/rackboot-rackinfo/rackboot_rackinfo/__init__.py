@@ -1,0 +1,1 @@
+"""rackinfo: a template Rackboot plugin (docs/plugin-authoring.md builds it step by step)."""
