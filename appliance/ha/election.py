@@ -98,8 +98,12 @@ class Election:
             answer = self.acceptor.handle(sender, message, now)
             if answer is not None:
                 self._out.append((address, answer))
-            if isinstance(message, Release) and self.acceptor.live_grant(now) is None:
-                self.proposer.wake(now)
+            if (
+                isinstance(message, Release)
+                and message.to in ("", self.me)
+                and self.acceptor.live_grant(now) is None
+            ):
+                self.proposer.wake(now, message.ballot if message.to == self.me else 0)
         elif isinstance(message, ANSWERS):
             self.proposer.receive(sender, message, now)
         self._pump(now)
@@ -156,6 +160,19 @@ class Election:
     def promote(self, now: float, *, force: bool = False) -> None:
         self.proposer.promote(now, force=force)
         self.handle_timer(now)
+
+    def hand_over(self, now: float, to: str | None = None) -> None:
+        """:meth:`Proposer.hand_over`; ValueError names what is wrong with ``to``."""
+        self.proposer.hand_over(now, to)
+        self.handle_timer(now)
+
+    def set_caught_up(self, appliances: frozenset[str], now: float) -> bool:
+        """The appliances that have everything committed (the state log says); True when
+        that released the lease (the shell sends the release at once)."""
+        holding = self.proposer.holding(now)
+        self.proposer.set_caught_up(appliances, now)
+        self._pump(now)
+        return holding and not self.proposer.holding(now)
 
     def demote(self, now: float) -> None:
         self.proposer.demote(now)

@@ -122,6 +122,11 @@ class Release:
     # nothing, which changes nothing), so one that caught up may take over at once.
     stated: bool = False
     ineligible: list[str] = dataclasses.field(default_factory=list)
+    # A graceful hand-over names the successor: only it tries at once (others would race
+    # it for the lease), with a ballot above ``ballot``, the highest the releasing holder
+    # used (the acceptors promised it: a lower one would be outbid and retried later).
+    to: str = ""
+    ballot: int = 0
 
 
 @dataclass(frozen=True)

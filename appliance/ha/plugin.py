@@ -45,6 +45,11 @@ def render_status(status: dict[str, Any]) -> str:
         vip = status["vip"]
         lines.append(f"  vip {vip['address']} on {vip['interface']}: "
                      f"{'held' if vip['held'] else 'not held'}")  # fmt: skip
+    handover = election.get("handover") or {}
+    if handover.get("to"):
+        lines.append(f"  handing over to {handover['to']} (waits {handover['left']:.1f}s more)")
+    if handover.get("note"):
+        lines.append(f"  {handover['note']}")
     if status.get("last_change"):
         lines.append(f"  last change: {status['last_change']}")
     return "\n".join(lines)
@@ -81,6 +86,16 @@ CLI_COMMANDS = [
     CliCommand(
         ("ha", "demote"), "step down and leave the lease to the others", "ha.demote", render_status
     ),  # fmt: skip
+    CliCommand(
+        ("ha", "handover"),
+        "hand the lease over gracefully: on the active, to a standby once it has caught up; "
+        "on a standby, to this node",
+        "ha.handover",
+        render_status,
+        arguments=(
+            (("--to",), {"metavar": "NODE_ID", "help": "the standby to hand over to (active only)"}),
+        ),
+    ),
 ]
 
 

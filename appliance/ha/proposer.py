@@ -139,7 +139,15 @@ class Proposer(LeaseTimes):
         self.force_epoch = False  # the next round may pick an epoch without a remembering majority
         self.handover_wanted = False  # promoted: ask the holder we learn of to hand over
         self._handovers_seen: dict[str, int] = {}  # sender -> newest handover request id
-        self._handover_to: tuple[str, float] | None = None  # (asked by, wait until)
+        # A hand-over waiting for its successor: (to, wait until, asked by it), and what
+        # the last one waited for or why it was given up (status).
+        self._handover_to: tuple[str, float, bool] | None = None
+        self.handover_note = ""
+        # Appliances that have everything committed (the state log's view; None: nobody
+        # tracks it, e.g. a rack without replication), and those whose acceptor granted
+        # the last round (alive, same membership).
+        self.caught_up: frozenset[str] | None = None
+        self.last_granted_by: frozenset[str] = frozenset()
         self.woken = False
         self.ballot = 0
         self._req = (incarnation & 0x7FFFFFFF) << 32
@@ -187,6 +195,35 @@ class Proposer(LeaseTimes):
             self.handover_wanted = False
             self.outbox.append((ALL, Handover(self.group, self._next_req(), epoch)))
 
+    def hand_over(self, now: float, to: str | None = None) -> None:
+        """An operator's graceful hand-over. The holder releases to ``to`` (default: the
+        peer appliance that is ready, else the first) once that one has everything
+        committed, is not declared ineligible and its acceptor granted the last round, so
+        the gap is one round of the successor, not a lease; the release names it, so only
+        it tries at once. A node that does not hold asks the holder (as promote does)."""
+        peers = sorted(self.members.peers)
+        if to is not None and to != self.me and to not in peers:
+            raise ValueError(f"{to} is not an appliance of this rack ({', '.join(peers)})")
+        if not self.holding(now):
+            if to not in (None, self.me):
+                raise ValueError(
+                    f"this node does not hold the lease: run the hand-over to {to} on the "
+                    "active appliance, or without a target here to take the lease"
+                )
+            self.promote(now)
+            return
+        if to == self.me or not peers:
+            raise ValueError("this node holds the lease already: name another appliance")
+        if to is None:
+            to = min(peers, key=lambda peer: (self._not_ready(peer, asked=False) != "", peer))
+        self._handover_to = (to, now + HANDOVER_WAIT_LEASES * self.timing.lease, False)
+        self._maybe_hand_over(now)
+
+    def set_caught_up(self, appliances: frozenset[str], now: float) -> None:
+        """The state log's view changed: a waiting hand-over may go now."""
+        self.caught_up = frozenset(appliances)
+        self._maybe_hand_over(now)
+
     def demote(self, now: float) -> None:
         """Step down (if holding) and leave the lease to the others for a while."""
         self.holdoff_until = now + HOLDOFF_LEASES * self.timing.lease
@@ -204,10 +241,12 @@ class Proposer(LeaseTimes):
         self.maintenance = True
         self._release(now, "released")
 
-    def wake(self, now: float) -> None:
+    def wake(self, now: float, ballot: int = 0) -> None:
         """An acceptor freed a grant (a release reached us): try now rather than later
-        (or as soon as the round in flight fails, if it was refused before the release)."""
+        (or as soon as the round in flight fails, if it was refused before the release),
+        with a ballot above the releasing holder's (``ballot``) if it named us."""
         self.woken = True
+        self.ballot = max(self.ballot, ballot)
         if self.round is None and not self.holding(now):
             self.next_round = min(self.next_round, now)
 
@@ -288,23 +327,39 @@ class Proposer(LeaseTimes):
             return
         self._handovers_seen[sender] = message.req
         if self.holding(now) and message.epoch == self.epoch:
-            self._handover_to = (sender, now + HANDOVER_WAIT_LEASES * self.timing.lease)
+            self._handover_to = (sender, now + HANDOVER_WAIT_LEASES * self.timing.lease, True)
             self._maybe_hand_over(now)
 
     def _maybe_hand_over(self, now: float) -> None:
-        """Release to the appliance that asked once the acceptors no longer hold it
-        ineligible (nor do we mean to): released earlier, it would be refused and the rack
-        left without a holder until someone took the lease again. A lagging standby
+        """Release to the successor once it is ready (:meth:`_not_ready`): released
+        earlier, it would be refused (ineligible), lack records, or not be there, and the
+        rack left without a holder until someone took the lease again. A lagging standby
         usually catches up within a renewal; one that does not in time is not waited for."""
         if self._handover_to is None:
             return
-        who, until = self._handover_to
+        who, until, asked = self._handover_to
+        waiting = self._not_ready(who, asked)
         if now > until or not self.holding(now):
             self._handover_to = None
-        elif who not in self.granted_ineligible | self.wanted_ineligible:
+            if now > until:
+                self.handover_note = f"hand-over to {who} given up: {waiting}"
+        elif waiting:
+            self.handover_note = f"hand-over to {who} waits: {waiting}"
+        else:
             self._handover_to = None
+            self.handover_note = f"handed over to {who}"
             self.holdoff_until = now + HOLDOFF_LEASES * self.timing.lease
-            self._release(now, "handover")
+            self._release(now, "handover", to=who)
+
+    def _not_ready(self, who: str, asked: bool) -> str:
+        """Why ``who`` may not take the lease from us now ("" if it may)."""
+        if who in self.granted_ineligible | self.wanted_ineligible:
+            return "declared ineligible (it lags the state log)"
+        if self.caught_up is not None and who not in self.caught_up:
+            return "not caught up with the state log"
+        if not asked and who not in self.last_granted_by:
+            return "its acceptor did not grant the last renewal (down, or another membership)"
+        return ""
 
     def _refused(self, sender: str, message: Promise | Accepted, now: float) -> None:
         rnd = self.round
@@ -386,6 +441,7 @@ class Proposer(LeaseTimes):
             return
         self.valid_until, self.epoch = valid_until, rnd.epoch
         self.granted_ineligible = rnd.ineligible
+        self.last_granted_by = frozenset(rnd.accepts or ())
         if self.wanted_ineligible != rnd.ineligible:
             self.next_round = now  # the wish changed while this round was out: tell them now
         self.known_epoch = max(self.known_epoch, rnd.epoch)
@@ -440,14 +496,14 @@ class Proposer(LeaseTimes):
             retry = min(retry, self.rng.uniform(0, RETRY_JITTER))
         self.next_round = now + retry
 
-    def _release(self, now: float, reason: str) -> None:
+    def _release(self, now: float, reason: str, to: str = "") -> None:
         if self.valid_until is None:
             return
         epoch = self.epoch
         self._lose(now, reason)
         self.outbox.append((ALL, Release(
             self.group, self._next_req(), epoch, stated=True,
-            ineligible=sorted(self.wanted_ineligible),
+            ineligible=sorted(self.wanted_ineligible), to=to, ballot=self.ballot if to else 0,
         )))  # fmt: skip
 
     def _lose(self, now: float, reason: str) -> None:
@@ -477,4 +533,13 @@ class Proposer(LeaseTimes):
             "ineligible": sorted(self.granted_ineligible) if self.holding(now) else [],
             # what this node means to declare (the next round's set; a release states it)
             "declaring": sorted(self.wanted_ineligible) if self.holding(now) else [],
+            "handover": self._handover_status(now),
+        }
+
+    def _handover_status(self, now: float) -> dict:
+        pending = self._handover_to
+        return {
+            "to": pending[0] if pending else "",
+            "left": round(max(0.0, pending[1] - now), 3) if pending else 0.0,
+            "note": self.handover_note,
         }

@@ -12,7 +12,7 @@ the etcd backend, and on its events:
 * lost or released: fence revoked at once, role ``standby`` (the lost
   event comes ``step_down_lead`` before validity ends), the VIP removed.
 
-Operators: ``rackboot ha status|promote|demote|maintenance on|off`` (the
+Operators: ``rackboot ha status|promote|demote|handover|maintenance on|off`` (the
 ``ha.*`` control commands), SIGUSR1 (promote) and SIGUSR2 (demote). When the
 service stops it releases the lease so the standby takes over at once.
 """
@@ -353,6 +353,29 @@ class HaService:
         self._machine().demote(trio.current_time())
         return self._after()
 
+    def handover(self, args: dict[str, Any]) -> dict[str, Any]:
+        """On the active: hand the lease to a standby once it has caught up (``to``: which
+        one); on a standby: ask the active to hand over to this node."""
+        to = args.get("to") or None
+        if to is not None and not isinstance(to, str):
+            raise ControlRequestError("ha.handover: 'to' must be a node id")
+        machine = self._machine()
+        if self.backend == "etcd":
+            raise ControlRequestError(
+                "the etcd backend has no channel between the appliances: run `rackboot ha "
+                "demote` on the active instead"
+            )
+        if machine.maintenance:
+            raise ControlRequestError(
+                "this node is in maintenance: `rackboot ha maintenance off` first"
+            )
+        try:
+            machine.hand_over(trio.current_time(), to)
+        except ValueError as exc:
+            raise ControlRequestError(str(exc)) from None
+        log.info("hand-over asked", to=to or "")
+        return self._after()
+
     def maintenance(self, args: dict[str, Any]) -> dict[str, Any]:
         on = args.get("on")
         if not isinstance(on, bool):
@@ -366,6 +389,7 @@ class HaService:
             "ha.status": lambda args: self.status(),
             "ha.promote": self.promote,
             "ha.demote": self.demote,
+            "ha.handover": self.handover,
             "ha.maintenance": self.maintenance,
         }
 

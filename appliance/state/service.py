@@ -157,9 +157,19 @@ class Replication:
                 pending=store.last() > store.tables.lsn, followers=self.followers,
                 declared=self.election.proposer.wanted_ineligible,
             )  # fmt: skip
-            if self.election.set_ineligible(lagging, now):
+            changed = self.election.set_ineligible(lagging, now)
+            if self.election.set_caught_up(self.caught_up(), now) or changed:
                 self.poke_election()
         self.store.advance()
+
+    def caught_up(self) -> frozenset[str]:
+        """Standbys that have everything committed and count for commits: one may take a
+        handed-over lease at once (appliance/ha/proposer.py, hand_over)."""
+        committed, skip = self.store.tables.lsn, self._skipped()
+        return frozenset(
+            peer for peer, follower in self.followers.items()
+            if follower.stage == "stream" and follower.acked >= committed and peer not in skip
+        )  # fmt: skip
 
     # -- TLS and who the peer is ------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The client-side probe: a full DORA every 50 ms, relay-style, in the probe namespace.
 
-``python -m bench.failover.probe GIADDR IFNAME OUT`` sends each exchange's
+``python -m bench.failover.probe GIADDR IFNAME OUT [PERIOD]`` sends each exchange's
 messages to 255.255.255.255:67 with ``giaddr`` set (replies come back to
 GIADDR:67), rotating through 8 client MACs, and appends one JSON line per
 OFFER and ACK to OUT: ``{"t": monotonic, "type", "server", "xid", "mac",
@@ -12,7 +12,7 @@ and reply source, so neither tells them apart: ``mac`` is the Ethernet
 source of the frame that carried the reply, read from an ``AF_PACKET``
 socket on IFNAME (the reply is taken from there; the UDP socket bound to
 GIADDR:67 is drained so the kernel has a listener and sends no ICMP).
-Runs until SIGTERM.
+PERIOD (seconds, default 0.05) is the time between DISCOVERs. Runs until SIGTERM.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ MACS = [bytes([2, 0xFA, 0, 0, 0, i]) for i in range(8)]
 
 def main(argv: list[str]) -> int:
     giaddr, ifname, out_path = argv[0], argv[1], argv[2]
+    period = float(argv[3]) if len(argv) > 3 else PERIOD
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -57,9 +58,9 @@ def main(argv: list[str]) -> int:
                 if len(pending) > 64:
                     pending.pop(next(iter(pending)))
                 sock.sendto(build(DISCOVER, xid, mac, gi), ("255.255.255.255", 67))
-                next_send += PERIOD
+                next_send += period
                 if next_send < now:  # fell behind (a stall): do not burst to catch up
-                    next_send = now + PERIOD
+                    next_send = now + period
             wait = max(0.0, next_send - time.monotonic())
             ready, _, _ = select.select([sock, raw], [], [], wait)
             if sock in ready:

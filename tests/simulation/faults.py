@@ -318,6 +318,7 @@ FAULTS = {
     "one-way": one_way, "loss": loss, "duplicate": duplicate, "delay": delay,
     "slow-link": slow_link, "heal": heal, "lease": lease, "promote": operator("promote", _standby),
     "force": operator("force", _last_one), "demote": operator("demote"),
+    "handover": operator("handover"),
     "maintenance": operator("maintenance on"), "amnesia": amnesia, "lower-lease": lower_lease,
     "reconfigure": reconfigure, "power": power, "crash-mid-fsync": crash_mid_fsync,
     "slow-disk": slow_disk, "clock-step": clock_step, "isolate-standby": isolate_standby,

@@ -20,7 +20,7 @@ import appliance.state.commit as commit_module
 import appliance.state.replication as replication_module
 import appliance.state.service as service_module
 from appliance.ha.fence import Fence
-from appliance.ha.messages import Propose
+from appliance.ha.messages import Propose, Release
 from tests.simulation.world import DriftClock, Process
 
 Patch = Callable[[object, str, object], None]  # (owner, attribute, replacement)
@@ -135,6 +135,19 @@ def handover_replayed(patch: Patch) -> None:
     patch(proposer_module.Proposer, "_handover", moved)
 
 
+def handover_keeps_serving(patch: Patch) -> None:
+    """The old holder sends its hand-over's release but keeps its lease (and fence)."""
+    real = proposer_module.Proposer._release
+
+    def keeps(self, now, reason, to=""):
+        if reason != "handover":
+            return real(self, now, reason, to)
+        self.outbox.append((proposer_module.ALL, Release(
+            self.group, self._next_req(), self.epoch, stated=True, to=to)))  # fmt: skip
+
+    patch(proposer_module.Proposer, "_release", keeps)
+
+
 def ineligibility_forgotten(patch: Patch) -> None:
     """The old rules: a node that does not lead wants nobody declared, and a new holder's
     first proposal declares only whom it finds lagging (promises name nobody)."""
@@ -204,6 +217,9 @@ MUTATIONS = {
                  "round", "default", "epoch did not rise", force_stays_armed),
         Mutation("handover-replayed", "a replayed hand-over moves the lease again", "default",
                  "handed over", handover_replayed),
+        Mutation("handover-keeps-serving", "the old holder keeps its lease after releasing "
+                 "it to the successor of a graceful hand-over", "handover", "two holders",
+                 handover_keeps_serving),
         Mutation("ineligibility-forgotten", "a new holder clears whom the previous one "
                  "declared ineligible", "replication", "(a)", ineligibility_forgotten),
         Mutation("epoch-floor-at-hello", "a standby takes its floor for frame epochs once, "

@@ -593,6 +593,12 @@ class Server:
         else:
             value = client
             address = next((a for a, c in leases.items() if c == client), None)
+            if address is not None and address in self.pending:
+                # Another client's record of it waits to commit (the committed table is
+                # behind, e.g. records inherited from the previous leader): the pending
+                # overlay wins, as the DHCP plugin's does.
+                checker.seen["requests deferred: their address pending for another"] += 1
+                return
             if address is None:
                 pool = self.process.world.clients.pool
                 address = next((a for a in pool if a not in leases and a not in self.pending), None)

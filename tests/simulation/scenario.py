@@ -88,6 +88,7 @@ DEFAULT_WEIGHTS = {
     "kill": 3, "restart": 3, "pause": 3, "trap": 5, "partition": 3, "one-way": 2, "loss": 2,
     "duplicate": 1, "delay": 2, "slow-link": 2, "heal": 2, "lease": 3, "promote": 2,
     "force": 1, "demote": 1, "maintenance": 1, "amnesia": 2, "lower-lease": 3, "reconfigure": 0,
+    "handover": 0,
     "power": 0, "crash-mid-fsync": 0, "slow-disk": 0, "clock-step": 0, "isolate-standby": 0,
 }  # fmt: skip
 # The replicated sets: the disk and the state log's own failures, fewer lease changes.
@@ -122,6 +123,9 @@ SETS = {
                 DEFAULT, layouts=((2, 2),), reconfigure=True,
                 weights={"partition": 8, "reconfigure": 4, "promote": 4, "lease": 0,
                          "amnesia": 0, "lower-lease": 0}),
+        SeedSet("handover", "the default set with graceful hand-overs (`rackboot ha "
+                "handover`) on the holder or a standby at random moments, among kills, pauses "
+                "and partitions", DEFAULT, weights={"handover": 8, "lease": 1, "lower-lease": 1}),
         # Not in CI: each shows a bug reported, not fixed yet (test_election_sim.py).
         SeedSet("pause-after-send", "the default set, more demotes and maintenance, each "
                 "stopping the holder right after its release left (before its events)",

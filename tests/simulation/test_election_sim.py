@@ -47,6 +47,8 @@ def floors(seed_set: SeedSet) -> dict[str, float]:
         "operator: maintenance on": SOME,
         "operator: force": SOME,
     }
+    if weights["handover"]:
+        need |= {"operator: handover": SEEDS, "graceful hand-overs": SEEDS / 4}
     optional = {
         "lease": "restarts with a shorter lease than before",
         "lower-lease": "lease lowered beside a holder cut off from the rest",

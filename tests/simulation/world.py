@@ -385,7 +385,8 @@ class Process:
     # -- an operator's commands (rackboot ha ..., as service.py applies them) -------------
 
     def command(self, what: str) -> bool:
-        """``promote``, ``force`` (promote --force), ``demote``, ``maintenance on|off``;
+        """``promote``, ``force`` (promote --force), ``demote``, ``handover`` (on the holder:
+        to a ready standby; elsewhere: ask the holder), ``maintenance on|off``;
         false if not applied (a dead or paused process answers no command)."""
         election = self.election
         if election is None or not self.alive or self.paused_at is not None:
@@ -399,6 +400,9 @@ class Process:
             election.promote(now, force=what == "force")
         elif what == "demote":
             election.demote(now)
+        elif what == "handover":
+            self._delivered = None  # the release it may cause is this command's, no frame's
+            election.hand_over(now)
         else:
             election.set_maintenance(what == "maintenance on", now)
         self.world.checker.seen[f"operator: {what}"] += 1
@@ -451,6 +455,8 @@ class Process:
             sender, message = self._delivered or ("", None)
             if event.reason == "handover" and isinstance(message, Handover):
                 checker.handed_over(self, sender, message, event.epoch)
+            elif event.reason == "handover":
+                checker.seen["graceful hand-overs"] += 1
 
     def _set_active(self, active: bool) -> None:
         self.active = active

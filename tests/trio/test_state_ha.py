@@ -4,6 +4,7 @@ then follows it."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from appliance.api import Role
@@ -11,14 +12,20 @@ from tests.trio.test_cluster import wait_until
 from tests.trio.test_ha import actives, rack
 
 
+async def filled(nodes, records: int):
+    """Once one is active: (active, standby), the active having written ``records``."""
+    await wait_until(lambda: len(actives(nodes)) == 1, what="one active")
+    first = actives(nodes)[0]
+    active, standby = nodes[first], nodes["b" if first == "a" else "a"]
+    for n in range(records):
+        await active.state.put("leases", f"10.0.0.{n}", {"n": n})
+    return active, standby
+
+
 async def test_the_standby_follows_the_active_and_takes_over_with_its_state(tmp_path):
     async with rack(tmp_path) as (nodes, _):
-        await wait_until(lambda: len(actives(nodes)) == 1, what="one active")
-        first = actives(nodes)[0]
-        second = "b" if first == "a" else "a"
-        active, standby = nodes[first], nodes[second]
-        for n in range(20):
-            await active.state.put("leases", f"10.0.0.{n}", {"n": n})
+        active, standby = await filled(nodes, 20)
+        second = next(name for name, node in nodes.items() if node is standby)
         await wait_until(lambda: standby.state.position == active.state.position,
                          what="the standby to catch up")  # fmt: skip
         assert standby.state.tables.data == active.state.tables.data
@@ -102,3 +109,25 @@ async def test_a_standby_whose_clock_is_too_far_off_is_declared_ineligible(tmp_p
         assert peer in active.ha.election.proposer.wanted_ineligible
         await wait_until(lambda: active.ha.status()["election"]["ineligible"] == [peer],
                          what="the acceptors to know")  # fmt: skip
+
+
+async def test_a_graceful_hand_over_waits_for_the_standby_and_keeps_every_record(tmp_path):
+    """`rackboot ha handover` on the active: released only once the standby has every
+    committed record (and refused for a target that is not an appliance of the rack)."""
+    from appliance.control import ControlRequestError
+
+    async with rack(tmp_path) as (nodes, _):
+        active, standby = await filled(nodes, 30)
+        second = next(name for name, node in nodes.items() if node is standby)
+        with pytest.raises(ControlRequestError, match="not an appliance of this rack"):
+            active.ha.handover({"to": "0123456789abcdef"})
+        # the standby stops acknowledging (its link cut): the hand-over must wait for it
+        peer = standby.cluster.identity.node_id
+        active.replication.disconnect(peer)
+        await wait_until(lambda: peer not in active.replication.caught_up(), what="the cut")
+        status = active.ha.handover({"to": peer})
+        assert status["election"]["handover"]["to"] == peer
+        await wait_until(lambda: actives(nodes) == [second], timeout=10, what="the hand-over")
+        assert standby.state.position == active.state.position  # it had everything
+        assert active.ha.status()["last_change"].endswith("handover")
+        assert standby.state.get("leases", "10.0.0.29") == {"n": 29}

@@ -15,6 +15,8 @@ from appliance.ha.plugin import CLI_COMMANDS, render_status
         (["ha", "promote"], "ha.promote", {"force": False}),
         (["ha", "promote", "--force"], "ha.promote", {"force": True}),
         (["ha", "demote"], "ha.demote", {}),
+        (["ha", "handover"], "ha.handover", {"to": None}),
+        (["ha", "handover", "--to", "fec995c4041f29fc"], "ha.handover", {"to": "fec995c4041f29fc"}),
         (["ha", "maintenance", "on"], "ha.maintenance", {"on": True}),
         (["ha", "maintenance", "off"], "ha.maintenance", {"on": False}),
     ],
@@ -23,6 +25,19 @@ def test_each_command_sends_its_control_request(argv, control, sent):
     args = build_parser(CLI_COMMANDS).parse_args(argv)
     assert args.plugin_command.control == control
     assert {dest: getattr(args, dest) for dest in args.plugin_args} == sent
+
+
+def test_a_waiting_hand_over_says_whom_it_waits_for_and_why():
+    text = render_status({
+        "mode": "embedded", "role": "active", "epoch": 3, "valid_for": 0.61,
+        "election": {"handover": {"to": "b1", "left": 9.5,
+                                  "note": "hand-over to b1 waits: not caught up"}},
+    })  # fmt: skip
+    assert text.splitlines()[1:] == [
+        "  maintenance off  holder seen -  known epoch None  quorum None/None  last refusal -",
+        "  handing over to b1 (waits 9.5s more)",
+        "  hand-over to b1 waits: not caught up",
+    ]
 
 
 def test_witness_takes_a_listen_address():
