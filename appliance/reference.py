@@ -76,8 +76,7 @@ def hookspec_modules(pm: RackbootPluginManager) -> dict[ModuleType, list[Callabl
             found.setdefault(spec.namespace, []).append(spec.function)
     ordered = sorted(found, key=lambda m: (m.__name__ != "appliance.hookspecs", m.__name__))
     return {
-        module: sorted(found[module], key=lambda f: f.__code__.co_firstlineno)
-        for module in ordered
+        module: sorted(found[module], key=lambda f: f.__code__.co_firstlineno) for module in ordered
     }
 
 
@@ -94,7 +93,9 @@ def hookspec_problems(pm: RackbootPluginManager) -> list[str]:
                 continue
             for param in inspect.signature(function).parameters:
                 if not re.search(rf":param {param}:", doc):
-                    problems.append(f"{where}: parameter {param!r} not documented (:param {param}:)")
+                    problems.append(
+                        f"{where}: parameter {param!r} not documented (:param {param}:)"
+                    )
             returns = function.__annotations__.get("return", "None")
             if returns not in ("None", None) and ":return:" not in doc:
                 problems.append(f"{where}: returns {returns} but has no ':return:'")
@@ -208,7 +209,9 @@ def api_markdown() -> str:
         fields = getattr(cls, "__dataclass_fields__", {})
         if fields:
             out.append("```python")
-            out.extend(f"{name}: {spec.type}" + _field_default(spec) for name, spec in fields.items())
+            out.extend(
+                f"{name}: {spec.type}" + _field_default(spec) for name, spec in fields.items()
+            )
             out.append("```\n")
     out.append("### Also exported\n")
     others = sorted(set(api.__all__) - {"PluginNode", "Service", "CliCommand", "Role"})

@@ -14,8 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
-from appliance.api import Field, Int, Section, Service, Str, hookimpl
-from appliance.logs import get_logger
+from appliance.api import Field, Int, Section, Service, Str, get_logger, hookimpl
 
 from rackboot_hello import hookspecs
 
