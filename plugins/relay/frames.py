@@ -1,10 +1,11 @@
-"""IPv4 + UDP packets for the replies the relay broadcasts on a client link, sans-IO.
+"""IPv4 + UDP packets for the replies the relay sends as frames on a client link, sans-IO.
 
 Sent through a packet socket (linklayer.py), a broadcast reply skips the kernel's IP
 output path and the copy of every broadcast the kernel loops back to local sockets,
-which made a broadcast ``sendmsg`` cost more than an upstream ``sendto`` (ISC
-dhcrelay sends its replies as frames too). The kernel adds the Ethernet header, from
-the interface's MAC as it is at the time of sending. Bytes in, a packet out.
+which made a broadcast ``sendmsg`` cost more than an upstream ``sendto``; a reply to
+a client without an address goes to its MAC without an ARP entry (ISC dhcrelay sends
+its replies as frames too). The kernel adds the Ethernet header, from the
+interface's MAC as it is at the time of sending. Bytes in, a packet out.
 """
 
 from __future__ import annotations
@@ -40,26 +41,29 @@ def checksum(data: bytes) -> int:
     return 0xFFFF - fold(word_sum(data))
 
 
-class BroadcastPackets:
-    """Packets from one interface's address and ``source_port`` to 255.255.255.255 at
-    ``port``: what does not depend on the payload is summed once."""
+class ReplyPackets:
+    """Packets from one interface's address and ``source_port`` to ``port`` at
+    255.255.255.255 or a client's address: what does not depend on the payload is
+    summed once."""
 
     def __init__(self, source: int, source_port: int, port: int) -> None:
         self.source = source.to_bytes(4, "big")
         self.source_port, self.port = source_port, port
-        addresses = word_sum(self.source + LIMITED_BROADCAST)
-        # IPv4 header words but the total length and the checksum (id is 0)
-        self._ip_words = (VERSION_IHL << 8) + DONT_FRAGMENT + (TTL << 8 | UDP) + addresses
-        # UDP: the pseudo-header (addresses, protocol; its length is added per packet,
+        source_words = word_sum(self.source)
+        # IPv4 header words but the destination, total length and checksum (id is 0)
+        self._ip_words = (VERSION_IHL << 8) + DONT_FRAGMENT + (TTL << 8 | UDP) + source_words
+        # UDP: the pseudo-header (but the destination; its length is added per packet,
         # as is the header's own) and the ports
-        self._udp_words = addresses + UDP + source_port + port
+        self._udp_words = source_words + UDP + source_port + port
 
-    def packet(self, payload: bytes) -> bytes:
+    def packet(self, payload: bytes, destination: bytes = LIMITED_BROADCAST) -> bytes:
+        """``payload`` to ``destination`` (4 bytes)."""
         udp_length = 8 + len(payload)
         length = 20 + udp_length
-        ip_sum = 0xFFFF - fold(self._ip_words + length)
+        to = word_sum(destination)
+        ip_sum = 0xFFFF - fold(self._ip_words + to + length)
         # 0 means "no checksum" in UDP over IPv4: a computed 0 is sent as 0xFFFF
-        udp_sum = 0xFFFF - fold(self._udp_words + 2 * udp_length + word_sum(payload)) or 0xFFFF
+        udp_sum = 0xFFFF - fold(self._udp_words + to + 2 * udp_length + word_sum(payload)) or 0xFFFF
         return _HEADERS.pack(VERSION_IHL, 0, length, 0, DONT_FRAGMENT, TTL, UDP, ip_sum,
-                             self.source, LIMITED_BROADCAST, self.source_port, self.port,
+                             self.source, destination, self.source_port, self.port,
                              udp_length, udp_sum) + payload  # fmt: skip

@@ -90,8 +90,9 @@ class RelayPlugin:
                     "address": _text(link.address),
                     "requests": agent.requests[link.name],
                     "replies": agent.replies[link.name],
-                    # broadcast replies leave as frames through a packet socket
-                    "broadcast_frames": service.frames.uses_frames(link.name),
+                    # broadcasts and replies to clients without an address leave as
+                    # frames through a packet socket
+                    "frames": service.frames.uses_frames(link.name),
                 }
                 for link in agent.config.links
             },

@@ -8,10 +8,10 @@ to :meth:`RelayAgent.from_client`, all others, and replies from anywhere, to
 interfaces too, through the upstream socket a relay needs anyway.) Replies
 leave through the client's interface (``IP_PKTINFO``'s ``ipi_ifindex`` on
 ``sendmsg``) from its address; a unicast to a client without an address goes
-to the MAC an ARP entry names, as the DHCP server does. A broadcast reply leaves
-as a frame through a packet socket (linklayer.py: no IP output path, no copy looped
-back to local sockets); without CAP_NET_RAW, on an interface that is not Ethernet,
-or when that socket refuses it, through ``sendmsg`` as other replies do.
+to the MAC an ARP entry names, as the DHCP server does. Both leave as frames through
+a packet socket instead where it can (linklayer.py: no IP output path, no copy of a
+broadcast looped back to local sockets, no ARP entry); without CAP_NET_RAW, on an
+interface that is not Ethernet, or when that socket refuses one, as said before.
 
 Datagrams are relayed in bursts: once one has come the shell keeps reading, waiting
 for the next in poll(2) for a short linger, and returns to trio's wait (whose wake-up
@@ -51,7 +51,7 @@ from plugins.dhcp.netio import (
 
 from .agent import BROADCAST, MAX_MESSAGE, Deliver, Forward, RelayAgent
 from .hookspecs import LocalServer
-from .linklayer import BroadcastLinks, open_packet_socket
+from .linklayer import FrameLinks, open_packet_socket
 
 log = get_logger("relay")
 
@@ -90,14 +90,14 @@ class RelayService:
         self._server_by_text: dict[str, int] = {}  # a reply's source, without parsing it
         self._broadcast = ("255.255.255.255", client_port)
         self._cmsg: dict[str, list] = {}  # interface -> IP_PKTINFO for its replies
-        # broadcast replies as frames; run() gives it its packet socket (none: sendmsg)
-        self.frames = BroadcastLinks(None, port, client_port)
+        # replies as frames; run() gives it its packet socket (none: sendmsg)
+        self.frames = FrameLinks(None, port, client_port)
         self.send_errors = 0
         self.arp_refused = 0
 
     async def run(self, node=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         agent = self.make_agent()
-        self.frames = BroadcastLinks(open_packet_socket(), self.port, self.client_port)
+        self.frames = FrameLinks(open_packet_socket(), self.port, self.client_port)
         try:
             self._prepare(agent)
             self.sock = sock = open_server_socket(None, self.port)
@@ -222,11 +222,16 @@ class RelayService:
 
     def _deliver(self, sock: socket.socket, deliver: Deliver) -> None:
         payload, interface, address, hwaddr = deliver
+        if address == BROADCAST:
+            if self.frames.send(interface, payload):
+                return
+        elif hwaddr is not None and self.frames.send(
+            interface, payload, address.to_bytes(4, "big"), hwaddr
+        ):
+            return
         arp = hwaddr is not None and self._set_arp(sock, deliver)
         if hwaddr is not None and not arp:
             address = BROADCAST
-        if address == BROADCAST and self.frames.send(interface, payload):
-            return
         destination = (
             self._broadcast if address == BROADCAST else (_text(address), self.client_port)
         )

@@ -1,4 +1,4 @@
-"""The broadcast packets of plugins/relay/frames.py against scapy's IP/UDP (the oracle:
+"""The reply packets of plugins/relay/frames.py against scapy's IP/UDP (the oracle:
 never imported by the product), which computes lengths and checksums itself, and the
 checksum's edge cases against RFC 1071's loop with end-around carries."""
 
@@ -9,24 +9,25 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from plugins.relay.frames import BroadcastPackets, checksum
+from plugins.relay.frames import ReplyPackets, checksum
 
 inet = pytest.importorskip("scapy.layers.inet")
 
 SOURCE = "10.1.7.1"
 
 
-def oracle(payload: bytes, source: str = SOURCE, sport: int = 67, dport: int = 68) -> bytes:
+def oracle(payload: bytes, source: str = SOURCE, sport: int = 67, dport: int = 68,
+           destination: str = "255.255.255.255") -> bytes:  # fmt: skip
     packet = (
-        inet.IP(src=source, dst="255.255.255.255", ttl=64, flags="DF", id=0)
+        inet.IP(src=source, dst=destination, ttl=64, flags="DF", id=0)
         / inet.UDP(sport=sport, dport=dport)
         / payload
     )
     return bytes(packet)
 
 
-def packets(source: str = SOURCE, sport: int = 67, dport: int = 68) -> BroadcastPackets:
-    return BroadcastPackets(int(IPv4Address(source)), sport, dport)
+def packets(source: str = SOURCE, sport: int = 67, dport: int = 68) -> ReplyPackets:
+    return ReplyPackets(int(IPv4Address(source)), sport, dport)
 
 
 def rfc1071(data: bytes) -> int:
@@ -47,6 +48,15 @@ def test_packet_is_scapys(size: int) -> None:
     for _ in range(50):
         payload = rng.randbytes(size)
         assert packets().packet(payload) == oracle(payload)
+
+
+def test_a_unicast_packet_is_scapys() -> None:
+    rng = random.Random(2131)
+    for _ in range(200):
+        client = str(IPv4Address(rng.getrandbits(32)))
+        payload = rng.randbytes(rng.randrange(240, 600))
+        packet = packets().packet(payload, IPv4Address(client).packed)
+        assert packet == oracle(payload, destination=client), client
 
 
 def test_ports_and_source_are_the_configured_ones() -> None:

@@ -1,5 +1,5 @@
 """The relay's receive loop (plugins/relay/service.py) on a scripted socket: bursts, and
-broadcast replies as frames through a (scripted) packet socket.
+replies as frames through a (scripted) packet socket.
 
 The shell reads datagrams until the socket stays quiet for a linger, waiting for the
 next one in poll(2) rather than in trio (a trio wake-up costs more CPU than relaying a
@@ -22,6 +22,7 @@ from plugins.relay.service import RelayService
 SERVER = int(IPv4Address("10.0.0.2"))
 LINK = Link("lo", int(IPv4Address("10.1.1.1")), b"lo")  # lo: an index in any namespace
 UPSTREAM_INDEX = 99  # an interface that is not client-facing
+CLIENT_MAC = bytes.fromhex("02000000c11e")
 
 
 def pktinfo(index: int) -> list[tuple[int, int, bytes]]:
@@ -153,7 +154,7 @@ def framing_service(monkeypatch, kind: int = linklayer.ARPHRD_ETHER):
     agent = RelayAgent(RelayConfig(links=(LINK,), servers=(SERVER,)))
     relay = RelayService(lambda: agent, 67, 68)
     packet_socket = PacketSocket()
-    relay.frames = linklayer.BroadcastLinks(packet_socket, 67, 68)
+    relay.frames = linklayer.FrameLinks(packet_socket, 67, 68)
     relay._prepare(agent)
     return relay, agent, packet_socket
 
@@ -202,15 +203,43 @@ def test_frames_only_on_ethernet_with_a_packet_socket_and_only_broadcasts(monkey
     assert len(sock.delivered) == 1
     # no CAP_NET_RAW: no packet socket
     relay, agent, _ = framing_service(monkeypatch)
-    relay.frames = linklayer.BroadcastLinks(None, 67, 68)
+    relay.frames = linklayer.FrameLinks(None, 67, 68)
     relay._prepare(agent)
     sock.queue.append(reply(2))
     relay._burst(agent, sock, lambda timeout: [])
     assert not relay.frames.uses_frames("lo") and len(sock.delivered) == 2
-    # a renewing client (ciaddr set, no broadcast flag) is answered by unicast
+    # a renewing client (ciaddr set, no broadcast flag) is answered by sendmsg: the
+    # kernel resolves its address (it has one)
     relay, agent, packet_socket = framing_service(monkeypatch)
     renew = build(Message(op=2, xid=3, ciaddr=IPv4Address("10.1.1.7"), chaddr=bytes(6),
                           giaddr=IPv4Address("10.1.1.1"), options={53: b"\x05"}))  # fmt: skip
     sock.queue.append((renew, pktinfo(UPSTREAM_INDEX), 0, ("10.0.0.2", 67)))
     relay._burst(agent, sock, lambda timeout: [])
     assert packet_socket.sent == [] and sock.delivered[-1][2] == ("10.1.1.7", 68)
+
+
+def offer_without_broadcast_flag(xid: int) -> tuple[bytes, list, int, tuple[str, int]]:
+    data = build(Message(op=2, xid=xid, yiaddr=IPv4Address("10.1.1.50"), chaddr=CLIENT_MAC,
+                         giaddr=IPv4Address("10.1.1.1"), options={53: b"\x02"}))  # fmt: skip
+    return data, pktinfo(UPSTREAM_INDEX), 0, ("10.0.0.2", 67)
+
+
+def test_a_client_without_an_address_gets_a_frame_to_its_mac_and_no_arp_entry(monkeypatch):
+    relay, agent, packet_socket = framing_service(monkeypatch)
+    entries: list[tuple] = []
+    monkeypatch.setattr(service, "set_arp_entry", lambda *a: entries.append(a) or True)
+    monkeypatch.setattr(service, "delete_arp_entry", lambda *a: entries.append(a))
+    sock = ScriptedSocket()
+    sock.queue.append(offer_without_broadcast_flag(1))
+    relay._burst(agent, sock, lambda timeout: [])
+    ((packet, address),) = packet_socket.sent
+    assert address == ("lo", 0x0800, 0, 0, CLIENT_MAC)
+    assert packet[16:20] == IPv4Address("10.1.1.50").packed
+    assert entries == [] and sock.delivered == []
+    # refused (past the MTU, say): an ARP entry and sendmsg to yiaddr, the entry deleted
+    packet_socket.refuse = errno.EMSGSIZE
+    sock.queue.append(offer_without_broadcast_flag(2))
+    relay._burst(agent, sock, lambda timeout: [])
+    assert [d[2] for d in sock.delivered] == [("10.1.1.50", 68)]
+    assert [e[1:3] for e in entries] == [("lo", "10.1.1.50")] * 2  # set, then deleted
+    assert relay.frames.refused == 1
