@@ -18,6 +18,7 @@ from appliance import __version__
 from appliance.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning, RackbootError, Unreachable
 from appliance.firmware.commands import add_firmware_commands
 from appliance.logs import get_logger, setup_logging
+from appliance.state.commands import add_commands as add_state_commands
 
 if TYPE_CHECKING:
     from appliance.api import CliCommand
@@ -30,6 +31,7 @@ log = get_logger("cli")
 CORE_COMMANDS = frozenset(
     ("run", "status", "config", "plugins", "version", "metrics", "cluster", "setup", "witness")
     + ("firmware",)
+    + ("state",)
 )
 # Options before the command word that take a value (``--log-level debug``).
 _GLOBAL_OPTIONS_WITH_VALUE = ("--log-format", "--log-level")
@@ -101,6 +103,7 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
     metrics = with_query(with_config(sub.add_parser("metrics", help="print Prometheus metrics")))
     metrics.set_defaults(func=cmd_metrics)
     add_cluster_commands(sub, with_config)
+    add_state_commands(sub, with_config, with_query)
     setup = sub.add_parser(
         "setup", help="ask for the settings, write the configuration, create or join the cluster"
     )

@@ -83,6 +83,10 @@ def rackboot_control_commands(node: Node) -> dict[str, Any]:
     commands = node.cluster.control_commands() if node.cluster is not None else {}
     if node.ha is not None:
         commands.update(node.ha.control_commands())
+    if node.state is not None:
+        from appliance.state.backup import control_commands as state_commands
+
+        commands.update(state_commands(node))
     return commands
 
 

@@ -277,7 +277,10 @@ class Node:
         if new is Role.STANDBY:
             self.fence.revoke()  # before any plugin hears of it
         elif self.fence.valid_until == -FOREVER:
-            self.fence.grant(FOREVER)  # a standalone node holds an endless lease
+            # A standalone node holds an endless lease, under its log's newest epoch: the
+            # store refuses a writer older than its log (one written under an election's
+            # epoch, or restored from a rack's backup).
+            self.fence.grant(FOREVER, self.state.position.epoch if self.state is not None else 0)
         old, self.role = self.role, new
         if old is not new:
             log.info("role changed", old=str(old), new=str(new))
