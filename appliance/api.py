@@ -1,5 +1,5 @@
 """What a plugin author imports: the hook markers, service, CLI and role types, the node's
-description, logging and schema kinds.
+description, logging, schema kinds and the doctor's check types.
 
     from appliance.api import hookimpl, get_logger, Service, Section, Field, Int
 
@@ -18,6 +18,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
+from appliance.doctor.findings import (
+    DoctorCheck,
+    DoctorContext,
+    DoctorOptions,
+    Finding,
+    Verdict,
+    failed,
+    passed,
+    skipped,
+    warned,
+)
 from appliance.logs import Logger, get_logger
 from appliance.schema import (
     REQUIRED,
@@ -186,6 +197,15 @@ class PluginNode(Protocol):
 
 __all__ = [
     "CliCommand",
+    "DoctorCheck",
+    "DoctorContext",
+    "DoctorOptions",
+    "Finding",
+    "Verdict",
+    "failed",
+    "passed",
+    "skipped",
+    "warned",
     "Logger",
     "PluginNode",
     "ENTRY_POINT_GROUP",

@@ -30,7 +30,7 @@ log = get_logger("cli")
 # first word is here never needs the plugins' commands.
 CORE_COMMANDS = frozenset(
     ("run", "status", "config", "plugins", "version", "metrics", "cluster", "setup", "witness")
-    + ("firmware",)
+    + ("firmware", "doctor")
     + ("state",)
 )
 # Options before the command word that take a value (``--log-level debug``).
@@ -125,6 +125,7 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
     )
     witness.set_defaults(func=cmd_witness)
     add_firmware_commands(sub, with_config)
+    add_doctor_command(sub, with_config)
 
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): sub}
     for command in extra:
@@ -257,6 +258,47 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     text = control.call(control_path(args), "metrics")
     print(control.dumps(text) if args.json else text, end="" if not args.json else "\n")
     return EXIT_OK
+
+
+def add_doctor_command(sub, with_config) -> None:
+    doctor = with_query(with_config(sub.add_parser(
+        "doctor", help="check the running appliance and its network: PASS/WARN/FAIL lines",
+    )))  # fmt: skip
+    doctor.add_argument(
+        "--dhcp-probe", metavar="IFACE", default="",
+        help="send a DHCP DISCOVER on IFACE and list every server that answers (root, scapy)",
+    )  # fmt: skip
+    doctor.add_argument(
+        "--timeout", metavar="SECONDS", type=float, default=3.0,
+        help="how long the probe listens for offers (default 3)",
+    )  # fmt: skip
+    doctor.add_argument(
+        "--known-server", metavar="ADDRESS", action="append", default=[],
+        help="another DHCP server identifier that belongs on the link (repeatable)",
+    )  # fmt: skip
+    doctor.add_argument("-v", "--verbose", action="store_true", help="details of passed checks")
+    doctor.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """docs/cli.md, "Doctor": the exit code says the worst verdict."""
+    import ipaddress
+
+    from appliance.doctor.findings import DoctorOptions
+    from appliance.doctor.run import doctor
+    from appliance.errors import UsageError
+
+    if not 0.1 <= args.timeout <= 60:
+        raise UsageError(f"--timeout wants seconds from 0.1 to 60, got {args.timeout:g}")
+    for address in args.known_server:
+        try:
+            ipaddress.IPv4Address(address)
+        except ValueError:
+            raise UsageError(f"--known-server wants an IPv4 address, got {address!r}") from None
+    config, pm = load_for_query(args)
+    path = args.socket if args.socket is not None else _socket_of(config.node)
+    options = DoctorOptions(args.dhcp_probe, args.timeout, tuple(args.known_server))
+    return doctor(config, pm, path, options, json_output=args.json, verbose=args.verbose)
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:

@@ -51,10 +51,24 @@ def rackboot_status(node: Node) -> dict[str, Any]:
         "ready": node.ready,  # every service started: what a script polls (docs/cli.md)
         "uptime": round(node.uptime(), 3),
         "services": {s.name: node.service_state[s.name] for s in node.services},
+        "listeners": _listeners(node),
         "cluster": node.cluster.status() if node.cluster is not None else {"state": "off"},
         "ha": node.ha.status() if node.ha is not None else {"mode": "standalone"},
         "state": state.status(node) if node.state is not None else {},
     }
+
+
+def _listeners(node: Node) -> list[dict[str, Any]]:
+    """What the sections declare the node binds now (`rackboot doctor` checks it holds
+    them). The cluster's port is declared even without an identity (a clash must show
+    before a join), but bound only by a member."""
+    member = node.cluster is not None and node.cluster.identity is not None
+    return [
+        {"protocol": entry.protocol, "address": entry.address, "port": entry.port,
+         "key": entry.keypath, "owner": entry.owner}
+        for entry in node.config.listening
+        if member or not entry.keypath.startswith("cluster.")
+    ]  # fmt: skip
 
 
 # -- the cluster (appliance/cluster, docs/cluster.md) -------------------------
@@ -70,6 +84,13 @@ def rackboot_services(node: Node) -> list[Service]:
     # After the cluster (the election and replication sign with its identity); the state
     # store before the protocol plugins' services, which read it.
     return cluster + state.services(node) + ha.services(node)
+
+
+@hookimpl
+def rackboot_doctor_checks(options) -> list:
+    from appliance.doctor.corechecks import CHECKS
+
+    return CHECKS
 
 
 @hookimpl

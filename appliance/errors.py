@@ -12,6 +12,8 @@ EXIT_CONFIG = 2  # usage or configuration error
 EXIT_PLUGIN = 3  # a plugin failed to load, register, configure or start
 EXIT_UNREACHABLE = 4  # no node answers on the control socket
 EXIT_ALREADY_RUNNING = 5  # another node holds the data directory
+EXIT_DOCTOR_WARN = 6  # `rackboot doctor`: a check warned, none failed
+EXIT_DOCTOR_FAIL = 7  # `rackboot doctor`: a check failed
 
 
 class RackbootError(Exception):

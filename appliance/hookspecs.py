@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from appliance.api import CliCommand, Role, Section, Service
     from appliance.config import Config
+    from appliance.doctor.findings import DoctorCheck, DoctorOptions
     from appliance.node import Node
 
 
@@ -155,4 +156,27 @@ def rackboot_cli_commands() -> list[CliCommand] | None:
 
     Called without configuration, before the command line is parsed: return
     the same commands whatever the configuration says.
+    """
+
+
+@hookspec
+def rackboot_doctor_checks(options: DoctorOptions) -> list[DoctorCheck] | None:
+    """Add checks to ``rackboot doctor`` (docs/cli.md, "Doctor").
+
+    :param options: What the command line asked for
+        (:class:`appliance.api.DoctorOptions`): ``dhcp_probe`` (an interface),
+        ``timeout``, ``known_servers``.
+    :return: :class:`appliance.api.DoctorCheck` objects, or ``None``.
+
+    Called in the ``rackboot doctor`` process, not in the node: a check reads
+    the node's status (``context.status``, ``context.section(name)``; ``None``
+    when no node answers, and a check with ``needs_node`` is then skipped), the
+    configuration (``context.config``) or the machine (a probe on a link), and
+    returns :class:`appliance.api.Finding` lines built with ``passed``,
+    ``warned``, ``failed`` or ``skipped``: a WARN or FAIL names the reason and
+    what to do. Keep the verdict a pure function of the facts, so it can be
+    tested without the node. A check that answers an option of ``options``
+    (``DoctorCheck(option="dhcp_probe")``) is returned only when that option is
+    given. Import heavy modules inside ``run``, never at import time: the CLI
+    loads every plugin.
     """

@@ -28,6 +28,12 @@ SANS_IO = [
     "appliance.state.commit",
     "appliance.errors",
     "appliance.confine",  # the filesystem only: no network, no clock
+    "appliance.doctor.findings",
+    "appliance.doctor.sockets",
+    "appliance.doctor.nodechecks",
+    "appliance.doctor.timechecks",
+    "appliance.doctor.rackchecks",
+    "appliance.doctor.report",
     "plugins.dhcp.options",
     "plugins.dhcp.codec",
     "plugins.dhcp.leases",

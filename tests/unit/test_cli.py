@@ -114,6 +114,7 @@ def test_plugins_list_json_describes_core(capsys):
         "rackboot_config_schema",
         "rackboot_configure",
         "rackboot_control_commands",
+        "rackboot_doctor_checks",
         "rackboot_role_changed",
         "rackboot_services",
         "rackboot_status",
@@ -272,6 +273,7 @@ print("HEAVY", ",".join(heavy))
         ["status", "--socket", "/nonexistent/rackboot.sock"],
         ["config", "--help"],
         ["firmware", "--help"],
+        ["doctor", "--help"],
     ],
 )
 def test_core_commands_import_neither_trio_nor_plugins(argv):

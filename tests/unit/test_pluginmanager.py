@@ -49,6 +49,7 @@ def test_core_only():
         "rackboot_config_schema",
         "rackboot_configure",
         "rackboot_control_commands",
+        "rackboot_doctor_checks",
         "rackboot_role_changed",
         "rackboot_services",
         "rackboot_status",
