@@ -29,7 +29,9 @@ SLOT_UUID = {
     "b": "7261636b-626f-6f74-8000-00000000000b",
 }
 FACTORY = {"a": Entry(2), "b": Entry(1)}  # both slots hold the image; A boots first
-KERNEL_OPTIONS = "ro rootfstype=squashfs console=tty0 console=ttyS0,115200 systemd.volatile=state"
+KERNEL_OPTIONS = (
+    "ro rootfstype=squashfs console=tty0 console=ttyS0,115200 systemd.volatile=state quiet"
+)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,9 @@ def grub_cfg() -> str:
         for s in ("a", "b")
     )
     return f"""# Rackboot: slots A and B on the environment block (docs/updates.md)
+serial --unit=0 --speed=115200
+terminal_input serial console
+terminal_output serial console
 set timeout=0
 set envfile=($root)/grub/grubenv
 load_env --file $envfile a_gen a_left a_done b_gen b_left b_done
