@@ -13,7 +13,7 @@ from appliance.logs import get_logger
 from . import hookspecs
 from .boot import BootChoice, BootRequest
 from .codec import Message
-from .leases import Lease, LeaseState, LeaseView
+from .leases import Lease, LeaseState, LeaseView, address_text
 from .metrics import DhcpMetrics
 from .model import Reservation, ServerConfig
 from .schema import SECTION, server_config
@@ -122,12 +122,24 @@ class DhcpPlugin:
             "messages": dict(self.service.metrics.totals),
             "store": store.status(),
             "vip": str(server.config.vip) if server.config.vip is not None else None,
+            # the rack's appliances' identifiers (announced) and this node's: what a
+            # client may see as option 54 from this rack (`rackboot doctor --dhcp-probe`)
+            "server_identifiers": sorted(
+                map(address_text, server.aliases | set(self.service.own_addresses)),
+                key=lambda text: IPv4Address(text),
+            ),
             **journal,
         }
 
     @hookimpl
     def rackboot_control_commands(self, node: Node):
         return {"dhcp.leases": self._leases}
+
+    @hookimpl
+    def rackboot_doctor_checks(self, options) -> list:
+        from .doctor import checks  # the doctor's process only
+
+        return checks(options)
 
     @hookimpl
     def rackboot_cli_commands(self):

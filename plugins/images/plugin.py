@@ -132,5 +132,11 @@ class ImagesPlugin:
     def rackboot_cli_commands(self) -> list[CliCommand]:
         return cli_commands()
 
+    @hookimpl
+    def rackboot_doctor_checks(self, options) -> list:
+        from .doctor import CHECKS  # the doctor's process only
+
+        return CHECKS
+
 
 plugin = ImagesPlugin()

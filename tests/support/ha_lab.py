@@ -38,12 +38,14 @@ class HaNode(DhcpNode):
 class Rack:
     def __init__(self, lab: Lab, tmp_path: Path, *, client_addr: bool = False,
                  dhcp: str = "", disabled: tuple[str, ...] = ("tftp", "httpboot"),
-                 appliances: int = 2) -> None:  # fmt: skip
+                 appliances: int = 2, cluster_links: bool = False) -> None:  # fmt: skip
         """``client_addr``: the client host gets an address (a relay-style probe needs one);
         ``dhcp``: more ``[dhcp]`` settings, e.g. ``lease_time = 60`` (and after them any
         other section); ``disabled``: the appliances' disabled plugins; ``appliances``:
-        2 (``a``, ``b``) or 3 (and ``d``)."""
+        2 (``a``, ``b``) or 3 (and ``d``); ``cluster_links``: the appliances link over the
+        cluster's TLS too ([cluster] peers: each lists the others; mDNS stays off)."""
         self.dhcp = dhcp
+        self.cluster_links = cluster_links
         self.disabled = disabled
         self.lab = lab
         names = APPLIANCES[:appliances]
@@ -72,6 +74,7 @@ class Rack:
     def _node(self, tmp_path: Path, name: str, names: tuple[str, ...]) -> HaNode:
         host = self.hosts[name]
         peers = ", ".join(f'"{self.member(other)}"' for other in names if other != name)
+        links = ", ".join(f'"{self.hosts[other].addr}:7470"' for other in names if other != name)
         net = self.lab.network
         return HaNode(
             host,
@@ -87,6 +90,7 @@ class Rack:
             listen = "{host.addr}"
             port = 7470
             mdns = false
+            peers = [{links if self.cluster_links else ""}]
 
             [ha]
             listen = "{host.addr}"
