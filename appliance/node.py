@@ -26,7 +26,7 @@ from typing import Any
 import prometheus_client
 import trio
 
-from appliance import control, controlserver
+from appliance import compat, control, controlserver
 from appliance.api import Role, Service
 from appliance.config import Config, Listening
 from appliance.errors import AlreadyRunning, PluginError, RackbootError, describe_os_error
@@ -61,6 +61,9 @@ class Node:
         self._lock_fd: int | None = None
         # The cluster service (appliance.cluster.service.Cluster), made by the core plugin.
         self.cluster: Any = None
+        # The version and protocol ranges this node states to others (appliance/compat.py;
+        # tests give two nodes different ones).
+        self.speaks = compat.THIS
         # The fencing guard plugins ask before an outward effect (appliance/ha/fence.py),
         # and the HA service (appliance.ha.service) when [ha] names peers: it then
         # decides the role, and the node no longer makes itself active.

@@ -8,8 +8,10 @@ commands) give it one and it starts serving at once, no restart needed.
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -21,11 +23,13 @@ from appliance.cluster.files import ClusterFiles, ClusterStateError, Identity
 from appliance.cluster.jointoken import TokenError, decode_untrusted
 from appliance.cluster.peers import UP, Backoff, Peer, PeerTable
 from appliance.cluster.session import (
+    CallReceived,
     Closed,
     CrlReceived,
     Established,
     Event,
     LocalInfo,
+    Replied,
     RoleChanged,
     Session,
 )
@@ -85,6 +89,11 @@ class Cluster:
         self._dial_wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._lock = trio.Lock()  # init / join / token / remove, one at a time
+        # Requests other members may send over a link (cluster protocol 2): name ->
+        # handler(caller's node id, args) -> result; a RackbootError is answered as an error.
+        self.handlers: dict[str, Callable[[str, dict[str, Any]], Awaitable[Any]]] = {}
+        self._calls: dict[int, tuple[trio.Event, list[Replied]]] = {}
+        self._call_ids = itertools.count(1)
 
     # -- the service ------------------------------------------------------------
 
@@ -170,9 +179,11 @@ class Cluster:
             name=self.node.config.node.name,
             rack=self.node.config.node.rack,
             role=self.role,
-            version=__version__,
+            version=self.node.speaks.version,
             addr=advertised[0] if advertised else "",
             crl=identity.revocations.number,
+            proto_min=self.node.speaks.cluster.lo,
+            proto_max=self.node.speaks.cluster.hi,
         )
 
     # -- discovery ----------------------------------------------------------------
@@ -191,7 +202,7 @@ class Cluster:
                 "name": info.name,
                 "rack": info.rack,
                 "cluster": identity.short_fingerprint,
-                "version": __version__,
+                "version": info.version,
                 "role": self.role,
             },  # fmt: skip
         )
@@ -452,6 +463,12 @@ class Cluster:
             self.table.seen(session.peer.node_id, now, wall, {"role": event.role})  # type: ignore[union-attr]
         elif isinstance(event, CrlReceived):
             self.accept_crl(event.der)
+        elif isinstance(event, CallReceived) and self._nursery is not None:
+            self._nursery.start_soon(self._answer, pump, event)
+        elif isinstance(event, Replied) and event.id in self._calls:
+            done, answer = self._calls[event.id]
+            answer.append(event)
+            done.set()
 
     def _session_ended(self, closed: Closed, node_id: str, address: str, outbound: bool) -> None:
         if closed.garbage:
@@ -464,6 +481,51 @@ class Cluster:
             )  # fmt: skip
         elif closed.refused_by_peer:
             log.warning("peer refused us", node_id=node_id, peer=address, reason=closed.reason)
+
+    # -- requests between members (cluster protocol 2) ------------------------------
+
+    async def call(
+        self, node_id: str, cmd: str, args: dict[str, Any], timeout: float = 10.0
+    ) -> Any:
+        """Run ``cmd`` on member ``node_id`` over a link to it; its result, or a
+        :class:`RackbootError` saying why not (no link, an older peer, its error, no answer
+        within ``timeout``)."""
+        links = [pump for pump, (peer, _, _) in self.pumps.items()
+                 if peer == node_id and pump.session.established]  # fmt: skip
+        if not links:
+            raise RackbootError(f"no link to {node_id} (down, or not a member)")
+        pump, call_id = links[0], next(self._call_ids)
+        try:
+            pump.session.call(call_id, cmd, args)
+        except ValueError as exc:
+            raise RackbootError(str(exc)) from None
+        done, answer = self._calls[call_id] = (trio.Event(), [])
+        pump.kick()
+        try:
+            with trio.move_on_after(timeout):
+                await done.wait()
+        finally:
+            del self._calls[call_id]
+        if not answer:
+            raise RackbootError(f"{node_id} did not answer {cmd} within {timeout:g} s")
+        if not answer[0].ok:
+            raise RackbootError(f"{node_id}: {answer[0].error}")
+        return answer[0].result
+
+    async def _answer(self, pump: Pump, call: CallReceived) -> None:
+        caller = self.pumps.get(pump, ("?",))[0]
+        handler = self.handlers.get(call.cmd)
+        try:
+            if handler is None:
+                raise RackbootError(f"this node takes no request {call.cmd!r}")
+            pump.session.reply(call.id, True, await handler(caller, call.args))
+        except RackbootError as exc:
+            pump.session.reply(call.id, False, error=str(exc)[:500])
+        except Exception as exc:  # a handler's bug: answered, logged, the link and node live on
+            log.error("a request from a peer failed", cmd=call.cmd, node_id=caller,
+                      error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            pump.session.reply(call.id, False, error=f"internal error: {type(exc).__name__}")
+        pump.kick()
 
     # -- revocation ---------------------------------------------------------------
 

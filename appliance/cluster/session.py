@@ -15,6 +15,12 @@ no skew then. Time comes in as ``now`` (the shell's monotonic clock) and,
 for this, ``wall`` (its wall clock); a caller that passes no ``wall`` gets no
 skew.
 
+From cluster protocol 2 on, either end may send a **request** (``call``: an id, a
+command name, arguments) that the other answers with ``reply`` (ok and a result,
+or an error text): the rolling update's requests between appliances
+(appliance/rolling). A session on protocol 1 sends none (an older peer would close
+the link on an unknown message type) and refuses any it receives.
+
 The shell feeds bytes with :meth:`Session.receive_data`, sends
 :meth:`Session.data_to_send`, arms :meth:`Session.get_timer` and calls
 :meth:`Session.handle_timer`, and reads :meth:`Session.next_event`.
@@ -25,11 +31,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
+from appliance import compat
 from appliance.cluster import wire
 
-PROTO_MIN = 1
-PROTO_MAX = 1
+PROTO_MIN = compat.THIS.cluster.lo
+PROTO_MAX = compat.THIS.cluster.hi
+CALLS_FROM = 2  # the first cluster protocol with requests between nodes
 # A skew sample is kept only when the wall clock moved as the monotonic one did during
 # its round trip (within this many seconds): a clock stepped mid-ping measures nothing.
 WALL_STEP_TOLERANCE = 0.5
@@ -89,17 +98,35 @@ class Closed:
     garbage: bool = False  # undecodable or oversized bytes
 
 
-Event = Established | RoleChanged | CrlReceived | Closed
+@dataclass(frozen=True)
+class CallReceived:
+    """The peer asks us to run ``cmd``; the shell answers with :meth:`Session.reply`."""
+
+    id: int
+    cmd: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Replied:
+    """The peer's answer to our request ``id``."""
+
+    id: int
+    ok: bool
+    result: Any
+    error: str
+
+
+Event = Established | RoleChanged | CrlReceived | Closed | CallReceived | Replied
 
 
 def negotiate(our_min: int, our_max: int, their_min: int, their_max: int) -> int | None:
     """The highest protocol both speak, or None."""
-    best = min(our_max, their_max)
-    return best if best >= max(our_min, their_min) else None
+    return compat.Range(our_min, our_max).common(compat.Range(their_min, their_max))
 
 
 def describe(version: str, lo: int, hi: int) -> str:
-    return f"rackboot {version} (cluster protocol {lo}" + (f"-{hi})" if hi != lo else ")")
+    return compat.describe(version, "cluster", compat.Range(lo, hi))
 
 
 class Session:
@@ -202,6 +229,23 @@ class Session:
     def close(self, reason: str) -> None:
         self._close(Closed(reason))
 
+    def call(self, id: int, cmd: str, args: dict[str, Any]) -> None:
+        """A request to the peer; ValueError (naming the peer's version) when this session
+        cannot carry one."""
+        if not self.established:
+            raise ValueError("the link is not established")
+        if (self.proto or 0) < CALLS_FROM:
+            peer = self.peer
+            assert peer is not None
+            runs = describe(peer.version, peer.proto_min, peer.proto_max)
+            raise ValueError(f"{peer.node_id} runs {runs}, which takes no requests between "
+                             f"appliances (cluster protocol {CALLS_FROM} on): update it")  # fmt: skip
+        self._send({"t": "call", "id": id, "cmd": cmd, "args": args})
+
+    def reply(self, id: int, ok: bool, result: Any = None, error: str = "") -> None:
+        if self.established:
+            self._send({"t": "reply", "id": id, "ok": ok, "result": result, "error": error})
+
     # -- internals --------------------------------------------------------------
 
     def _send(self, message: dict) -> None:
@@ -237,6 +281,14 @@ class Session:
                 self._measure_skew(sent[1], wall, message.get("w"))
         elif kind == "crl":
             self._events.append(CrlReceived(message["der"]))
+        elif kind in ("call", "reply") and (self.proto or 0) >= CALLS_FROM:
+            self._events.append(
+                CallReceived(message["id"], message["cmd"][:64], message["args"])
+                if kind == "call"
+                else Replied(
+                    message["id"], message["ok"], message["result"], message["error"][:500]
+                )
+            )
         else:
             self._refuse(f"unexpected {kind} message after hello")
 
@@ -252,8 +304,6 @@ class Session:
 
     def _hello(self, m: dict) -> None:
         local = self.local
-        theirs = describe(m["version"][:64], m["proto_min"], m["proto_max"])
-        ours = describe(local.version, local.proto_min, local.proto_max)
         if m["cluster"] != local.cluster_id:
             return self._refuse(
                 f"peer says cluster {m['cluster'][:32]!r}, we are {local.cluster_id}"
@@ -266,7 +316,11 @@ class Session:
             return self._refuse("connected to ourselves")
         proto = negotiate(local.proto_min, local.proto_max, m["proto_min"], m["proto_max"])
         if proto is None:
-            return self._refuse(f"incompatible versions: we are {ours}, peer is {theirs}")
+            return self._refuse(compat.refusal(
+                "cluster", f"node {m['node'][:32]}",
+                (m["version"][:64], compat.Range(m["proto_min"], m["proto_max"])),
+                (local.version, compat.Range(local.proto_min, local.proto_max)),
+            ))  # fmt: skip
         self.proto = proto
         self.peer = PeerHello(
             node_id=m["node"], name=m["name"][:64], rack=m["rack"][:64], role=m["role"][:32],

@@ -35,6 +35,10 @@ MESSAGES: dict[str, dict[str, type | tuple[type, ...]]] = {
     "ping": {"n": int, "role": str},
     "pong": {"n": int},
     "crl": {"der": bytes},
+    # requests between nodes (cluster protocol 2): args and result are checked by the
+    # command that takes them
+    "call": {"id": int, "cmd": str, "args": dict},
+    "reply": {"id": int, "ok": bool, "error": str, "result": object},
     # enrolment (a node without a certificate, over server-authenticated TLS)
     "enrol-hello": {"version": str},
     "enrol-ca": {"ca": bytes},

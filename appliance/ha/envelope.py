@@ -43,14 +43,14 @@ import datetime as dt
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from appliance.cluster import pki
-from appliance.ha.messages import BadMessage, Message, decode_with_crl_untrusted, encode
+from appliance.ha.messages import BadMessage, Message, decode_stated_untrusted, encode
 
 VERSION = 1  # kind 1: a message (the envelope's only kind before revocation lists)
 CRL_KIND = 2
@@ -69,13 +69,18 @@ class Opened(NamedTuple):
     message: Message | None  # None: the datagram carried a revocation list
     crl: int | None  # the sender's revocation list number (None: a sender that states none)
     adopted: pki.Revocations | None = None  # a newer list it brought, in force from now on
+    # what it stated of its software (unchecked, None when absent: appliance/compat.py)
+    version: Any = None
+    protocols: Any = None
 
 
 def seal(
-    message: Message, key: Ed25519PrivateKey, cert_der: bytes, crl: int | None = None
-) -> bytes:
-    """``crl``: this node's revocation list number, stated in the signed payload."""
-    payload = encode(message, crl=crl)
+    message: Message, key: Ed25519PrivateKey, cert_der: bytes, crl: int | None = None,
+    speaks: tuple[str, list[int]] | None = None,
+) -> bytes:  # fmt: skip
+    """``crl``: this node's revocation list number; ``speaks``: its software version and
+    election protocols; both stated in the signed payload."""
+    payload = encode(message, crl=crl, speaks=speaks)
     return _pack(VERSION, cert_der, payload, key.sign(DOMAIN + payload))
 
 
@@ -124,8 +129,8 @@ class Opener:
         if kind == CRL_KIND:
             crl = self._judge_crl(node_id, body)
             return Opened(node_id, None, crl.number, crl if self.adopt(crl) else None)
-        message, stated = decode_with_crl_untrusted(body)
-        return Opened(node_id, message, stated)
+        message, stated = decode_stated_untrusted(body)
+        return Opened(node_id, message, stated.crl, None, stated.version, stated.protocols)
 
     def _judge_crl(self, node_id: str, der: bytes) -> pki.Revocations:
         digest = hashlib.sha256(der).digest()

@@ -15,14 +15,16 @@ The map may also carry ``"crl"``: the number of the sender's revocation list,
 which the envelope states so a receiver with a newer list can send it (see
 :mod:`appliance.ha.udp`). It is not a field of any message (the election
 never sees it), and senders older than it leave it out: their decoders ignore
-it like any extra key.
+it like any extra key. Likewise ``"sv"`` and ``"ep"``: the sender's software
+version and the range of election protocols it speaks ([lo, hi]), which the shell
+judges (appliance/compat.py) before the election sees the message.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import msgpack
 
@@ -148,6 +150,7 @@ _PYTHON_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list[str
 MAX_LIST = 17  # node ids of a rack's appliances (16 peers and the proposer)
 MAX_SECONDS = 3600.0  # durations on the wire: a lease, what is left of one
 CRL_KEY = "crl"  # the sender's revocation list number: the envelope's, not a message field
+VERSION_KEY, PROTOCOLS_KEY = "sv", "ep"  # the sender's software version, election protocols
 _FIELDS = {
     cls: [(f.name, _PYTHON_TYPES[str(f.type)]) for f in dataclasses.fields(cls)]
     for cls in TYPES.values()
@@ -171,11 +174,24 @@ class BadMessage(Exception):
         self.kind = kind
 
 
-def encode(message: Message, *, crl: int | None = None) -> bytes:
-    """``crl``: the sender's revocation list number, stated beside the message's fields."""
+class Stated(NamedTuple):
+    """What the sender stated beside the message: its revocation list number (None: none),
+    and, unchecked (None when absent), its software version and election protocols."""
+
+    crl: int | None = None
+    version: Any = None
+    protocols: Any = None
+
+
+def encode(message: Message, *, crl: int | None = None,
+           speaks: tuple[str, list[int]] | None = None) -> bytes:  # fmt: skip
+    """``crl``: the sender's revocation list number; ``speaks``: its software version and
+    election protocol range; both stated beside the message's fields."""
     body = {"t": message.TYPE, **dataclasses.asdict(message)}
     if crl is not None:
         body[CRL_KEY] = crl
+    if speaks is not None:
+        body[VERSION_KEY], body[PROTOCOLS_KEY] = speaks
     return msgpack.packb(body, use_bin_type=True)
 
 
@@ -189,6 +205,12 @@ def decode_untrusted(data: bytes) -> Message:
 
 def decode_with_crl_untrusted(data: bytes) -> tuple[Message, int | None]:
     """The message and the revocation list number its sender stated (None: not stated)."""
+    message, stated = decode_stated_untrusted(data)
+    return message, stated.crl
+
+
+def decode_stated_untrusted(data: bytes) -> tuple[Message, Stated]:
+    """The message and what its sender stated beside it."""
     if len(data) > MAX_MESSAGE:
         raise BadMessage(f"message of {len(data)} bytes exceeds the cap of {MAX_MESSAGE}")
     try:
@@ -211,7 +233,11 @@ def decode_with_crl_untrusted(data: bytes) -> tuple[Message, int | None]:
             continue  # a field newer than the sender: its default
         values[name] = _field(cls.TYPE, name, kind, raw.get(name))
     crl = raw.get(CRL_KEY)
-    return cls(**values), None if crl is None else _field(raw["t"], CRL_KEY, int, crl)
+    stated = Stated(
+        None if crl is None else _field(raw["t"], CRL_KEY, int, crl),
+        raw.get(VERSION_KEY), raw.get(PROTOCOLS_KEY),
+    )  # fmt: skip
+    return cls(**values), stated
 
 
 def _field(message: str, name: str, kind: type, value: Any) -> Any:

@@ -45,6 +45,9 @@ def render_status(status: dict[str, Any]) -> str:
         vip = status["vip"]
         lines.append(f"  vip {vip['address']} on {vip['interface']}: "
                      f"{'held' if vip['held'] else 'not held'}")  # fmt: skip
+    for node, peer in sorted(((status.get("transport") or {}).get("versions") or {}).items()):
+        if peer.get("problem"):
+            lines.append(f"  refused {node}: {peer['problem']}")
     handover = election.get("handover") or {}
     if handover.get("to"):
         lines.append(f"  handing over to {handover['to']} (waits {handover['left']:.1f}s more)")

@@ -215,7 +215,7 @@ class HaService:
         self.transport = UdpTransport(
             identity, str(settings.listen), settings.port,
             revocations=lambda: self.node.cluster.identity.revocations,
-            adopt=lambda crl: self.node.cluster.accept_crl(crl.der),
+            adopt=lambda crl: self.node.cluster.accept_crl(crl.der), speaks=self.node.speaks,
         )  # fmt: skip
         await self.transport.bind([*peers.values(), *witnesses.values()])
         self.runner = ElectionRunner(
@@ -418,6 +418,7 @@ class HaService:
                 "port": self.transport.port, **self.transport.counters,
                 "dropped": dict(self.transport.dropped),
                 "heard": self.transport.heard(now),  # seconds ago, by node id: who answers
+                "versions": {n: p.status() for n, p in self.transport.versions.items()},
             }  # fmt: skip
         if self.vip is not None:
             out["vip"] = {

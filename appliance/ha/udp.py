@@ -31,6 +31,7 @@ from typing import Any
 
 import trio
 
+from appliance import compat
 from appliance.cluster import pki
 from appliance.ha.envelope import MAX_DATAGRAM, Opened, Opener, seal, seal_crl
 from appliance.ha.messages import BadMessage, Message
@@ -42,7 +43,7 @@ Deliver = Callable[[str, str, Message], None]
 BATCH = 64  # datagrams handled before yielding to the other tasks of the trio thread
 REASONS = (
     "malformed", "certificate", "signature", "message", "revocation-list", "rate-limited",
-    "internal",
+    "incompatible", "internal",
 )  # fmt: skip
 # Verifications of certificates seen neither good nor bad: per source, and in all.
 SOURCE_RATE, SOURCE_BURST = 2.0, 8.0
@@ -90,6 +91,7 @@ class UdpTransport:
         port: int,
         revocations: Callable[[], pki.Revocations] | None = None,
         adopt: Callable[[pki.Revocations], Any] | None = None,
+        speaks: compat.Speaks = compat.THIS,
     ) -> None:
         """``revocations``: the node's newest revocation list (an appliance's cluster service
         adopts newer ones from its peers), read for every datagram, so a member removed with
@@ -101,6 +103,11 @@ class UdpTransport:
         self.opener = Opener(identity.ca, identity.revocations)
         self.revocations = revocations or (lambda: identity.revocations)
         self.adopt = adopt or (lambda crl: None)
+        # What this node states in every datagram, and what each sender stated (judged:
+        # a sender with no election protocol in common is refused, appliance/compat.py).
+        self.speaks = speaks
+        self._states = (speaks.version, speaks.election.wire())
+        self.versions: dict[str, compat.Peer] = {}
         self.dropped = dict.fromkeys(REASONS, 0)
         self._buckets: dict[str, TokenBucket] = {}
         self._global: TokenBucket | None = None
@@ -146,7 +153,7 @@ class UdpTransport:
         number = self.opener.revocations.number
         if self._behind(target, number):
             self._send_crl(target)  # first: the receiver judges what follows by it
-        self._sendto(seal(message, self.key, self.cert_der, number), target, "sent")
+        self._sendto(seal(message, self.key, self.cert_der, number, self._states), target, "sent")
 
     def _sendto(self, datagram: bytes, target: Address, counter: str) -> None:
         assert self.sock is not None
@@ -189,6 +196,12 @@ class UdpTransport:
         _keep_newest(self._heard, opened.sender, trio.current_time())
         if opened.message is None:
             self._received_crl(opened, address)
+            return
+        verdict = compat.judge("election", f"node {opened.sender}", opened.version,
+                               opened.protocols, self.speaks)  # fmt: skip
+        _keep_newest(self.versions, opened.sender, verdict)
+        if verdict.problem:
+            self._refuse(address, "incompatible", verdict.problem)
             return
         self.counters["received"] += 1
         deliver(opened.sender, address, opened.message)

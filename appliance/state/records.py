@@ -15,6 +15,12 @@ The log is a run of entries, each one msgpack list in a CRC frame
   ``history`` is the epoch history (:class:`EpochHistory`), which records
   alone no longer show once compacted.
 
+The first element of every entry is its **format** (appliance/compat.py): this
+software writes :data:`VERSION` and reads :data:`READS`; an entry of another
+format is refused with a message saying so, never misread. The replication
+stream never sends a follower records of a format it does not read (see
+appliance/state/replication.py).
+
 Decoding is for bytes read from disk or from a peer: sizes are capped before
 anything is unpacked, map keys must be strings, extension types are refused,
 and every shape is checked; anything else is :class:`BadEntry`.
@@ -28,7 +34,10 @@ from typing import Any
 
 import msgpack
 
-VERSION = 1
+from appliance import compat
+
+VERSION = compat.THIS.log_writes  # the format this software writes
+READS = compat.THIS.log  # the formats it reads
 MAX_NAMESPACE = 64
 MAX_KEY = 512
 MAX_ENTRY = 64 * 1024  # bytes of one encoded entry
@@ -141,8 +150,13 @@ def _name(value: Any, limit: int) -> bool:
 
 def decode_untrusted(data: bytes) -> Entry:
     fields = unpack_untrusted(data, MAX_ENTRY)
-    if not isinstance(fields, list) or len(fields) < 2 or fields[0] != VERSION:
-        raise BadEntry("not a state entry of a known version")
+    if not isinstance(fields, list) or len(fields) < 2:
+        raise BadEntry("not a state entry")
+    if fields[0] not in READS or isinstance(fields[0], bool):
+        raise BadEntry(
+            f"a state entry of format {str(fields[0])[:12]}: rackboot {compat.THIS.version} "
+            f"reads state log formats {READS} (a newer appliance wrote it?)"
+        )
     kind = fields[1]
     if kind == "r" and len(fields) == 7:
         _, _, epoch, lsn, ns, key, value = fields

@@ -35,6 +35,17 @@ the follower starts over with a hello.
 The records that never reached a follower before its leader was deposed are
 its **divergent tail**: never acknowledged by the new leader's quorum, they
 are what step 3 cuts.
+
+Versions (appliance/compat.py). From replication protocol 2 on, the hello
+carries a fourth element ``{"v": software version, "p": [lo, hi] replication
+protocols, "f": [lo, hi] state log formats it reads}`` and the leader's end
+answers with ``{"v", "p", "w": the log format it writes}``; a peer of protocol 1
+states nothing (three elements) and is taken to speak protocol 1 and format 1.
+A leader refuses a follower with no protocol in common or that cannot read the
+format it writes: it sends ``["refuse", text]`` naming both versions and ends
+the link, and sends no record, so an older appliance never misreads a newer
+log; a follower refuses such a leader the same way. Both show the text in
+status and count it (``incompatible``, ``refused-by-leader``).
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from appliance import compat
 from appliance.state.records import (
     BadEntry,
     EpochHistory,
@@ -91,20 +103,34 @@ class Append:
 Action = Truncate | Install | Append
 
 
+def _stated(speaks: compat.Speaks, **more: Any) -> dict[str, Any]:
+    return {"v": speaks.version, "p": speaks.replication.wire(), **more}
+
+
+def _judge(peer: str, stated: Any, ours: compat.Speaks) -> compat.Peer:
+    """What a hello or end's fourth element says (None: a peer of protocol 1)."""
+    info = stated if isinstance(stated, dict) else {}
+    return compat.judge("replication", peer, info.get("v"), info.get("p"), ours)
+
+
 class FollowerStream:
     """A standby's end of one stream. The shell writes what the actions say, in order,
     and calls :meth:`durable` once an ``Append`` is on disk."""
 
-    def __init__(self, last: tuple[int, int], history: EpochHistory, known_epoch: int) -> None:
+    def __init__(self, last: tuple[int, int], history: EpochHistory, known_epoch: int,
+                 speaks: compat.Speaks = compat.THIS, leader: str = "the leader") -> None:  # fmt: skip
         self.last_epoch, self.last_lsn = last
         self.history = history
         self.highest_epoch = max(known_epoch, last[0])
         self.stage = "hello"
         self._snapshot: tuple[SnapshotHead, list[SnapshotEntry]] | None = None
+        self.speaks, self.leader = speaks, leader
+        self.peer: compat.Peer | None = None  # what the leader stated
 
     def hello(self) -> list[Any]:
         self.stage = "end"
-        return ["hello", self.last_epoch, self.last_lsn]
+        stated = _stated(self.speaks, f=self.speaks.log.wire())
+        return ["hello", self.last_epoch, self.last_lsn, stated]
 
     def receive(self, message: Any, wall: float = 0.0) -> tuple[list[Action], list[Any] | None]:
         """Actions for the shell, and a message to send back (or None). ``wall``: this
@@ -112,6 +138,8 @@ class FollowerStream:
         if not isinstance(message, list) or not message or not isinstance(message[0], str):
             raise Refused("malformed", "not a replication message")
         kind = message[0]
+        if kind == "refuse" and len(message) == 2 and isinstance(message[1], str):
+            raise Refused("refused-by-leader", message[1][:500])
         if kind == "end" and self.stage == "end":
             return self._end(message)
         if kind == "ping" and self.stage in ("stream", "snapshot", "cut"):
@@ -148,8 +176,18 @@ class FollowerStream:
         return ["from", epoch, lsn]
 
     def _end(self, message: list[Any]) -> tuple[list[Action], None]:
-        if len(message) != 3 or not _uint(message[1]) or not isinstance(message[2], int):
+        if len(message) not in (3, 4) or not _uint(message[1]) or not isinstance(message[2], int):
             raise Refused("malformed", "end")
+        stated = message[3] if len(message) == 4 else None
+        self.peer = _judge(self.leader, stated, self.speaks)
+        writes = stated.get("w", 1) if isinstance(stated, dict) else 1
+        if self.peer.problem:
+            raise Refused("incompatible", self.peer.problem)
+        if writes not in self.speaks.log:
+            raise Refused("incompatible", compat.refusal(
+                "log", self.leader, (self.peer.version, writes),
+                (self.speaks.version, self.speaks.log),
+            ))  # fmt: skip
         epoch, end = message[1], message[2]
         if end < 0:  # the leader cannot tell: start from nothing, a snapshot follows
             cut = 0
@@ -247,6 +285,10 @@ class LeaderStream:
 
     source: Source
     epoch: int  # this leader's lease epoch
+    speaks: compat.Speaks = compat.THIS
+    follower: str = "the standby"
+    peer: compat.Peer | None = None  # what the follower stated
+    refused: str = ""  # why it was refused (sent to it as ["refuse", text]); the shell ends
     stage: str = "hello"  # hello -> from -> (snapshot ->) stream
     sent: int = 0  # the last LSN sent
     acked: int = 0  # the last LSN the follower has on disk
@@ -263,13 +305,20 @@ class LeaderStream:
             raise Refused("malformed", "not a replication message")
         kind = message[0]
         if kind == "hello" and self.stage == "hello":
-            if len(message) != 3 or not all(map(_uint, message[1:])):
+            if len(message) not in (3, 4) or not all(map(_uint, message[1:3])):
                 raise Refused("malformed", "hello")
             if message[1] > self.epoch:
                 raise Refused("newer-epoch", f"the follower knows epoch {message[1]}")
+            stated = message[3] if len(message) == 4 else None
+            self.refused = self._refusal(stated)
+            if self.refused:
+                self.stage = "refused"
+                return ["refuse", self.refused]
             self.stage = "from"
             epoch, end = self.source.end_of(message[1])
-            return ["end", epoch, end]
+            if stated is None:  # protocol 1: the answer it expects
+                return ["end", epoch, end]
+            return ["end", epoch, end, _stated(self.speaks, w=self.speaks.log_writes)]
         if kind == "from" and self.stage == "from":
             if len(message) != 3 or not all(map(_uint, message[1:])):
                 raise Refused("malformed", "from")
@@ -290,6 +339,19 @@ class LeaderStream:
             self.acked = max(self.acked, message[1])
             return None
         raise Refused("unexpected", f"{kind!r} while waiting for {self.stage}")
+
+    def _refusal(self, stated: Any) -> str:
+        """Why this follower cannot follow us ("" if it can): no common protocol, or it
+        does not read the log format we write (it would misread every record)."""
+        self.peer = _judge(self.follower, stated, self.speaks)
+        if self.peer.problem:
+            return self.peer.problem
+        reads = compat.range_untrusted(stated.get("f")) if isinstance(stated, dict) else None
+        reads = reads or compat.OLDEST
+        if self.speaks.log_writes not in reads:
+            return compat.refusal("log", self.follower, (self.peer.version, reads),
+                                  (self.speaks.version, self.speaks.log_writes))  # fmt: skip
+        return ""
 
     def _start(self, epoch: int, lsn: int) -> None:
         shared = lsn == 0 or self.source.epoch_at(lsn) == epoch

@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from appliance import compat
 from appliance.cluster import pki
 from appliance.cluster.transport import client_context, server_context, tls_reason, utcnow
 from appliance.logs import get_logger
@@ -113,6 +114,8 @@ class Replication:
         self.poke_election: Callable[[], None] = lambda: None  # its runner re-reads its timer
         self._links: dict[str, trio.CancelScope] = {}  # peer -> its leader link
         self.rule = CommitRule(peers, ack_timeout=ACK_TIMEOUT)
+        self.speaks = getattr(node, "speaks", compat.THIS)  # stated to each peer (compat.py)
+        self.problems: dict[str, str] = {}  # peer -> why the last link with it was refused
 
     @property
     def identity(self) -> Any:
@@ -188,6 +191,8 @@ class Replication:
         for exc in _leaves(group):
             reason = exc.reason if isinstance(exc, Refused) else "malformed"
             self.refused[reason] = self.refused.get(reason, 0) + 1
+            if reason in ("incompatible", "refused-by-leader"):
+                self.problems[peer] = str(exc)
             log.warning("replication link refused", peer=peer, reason=reason, detail=str(exc)[:200])
 
     def _ended(self, group: BaseExceptionGroup, peer: str) -> None:
@@ -206,7 +211,7 @@ class Replication:
             if not fence.ok():
                 await link.send(["not-leader"])
                 return
-            leader = LeaderStream(self.store, fence.epoch)
+            leader = LeaderStream(self.store, fence.epoch, self.speaks, f"appliance {peer}")
             previous = self._links.get(peer)
             if previous is not None:
                 previous.cancel()  # a standby's newest link wins: it redialled for a reason
@@ -234,6 +239,9 @@ class Replication:
                 answer = stream.receive(await link.receive(), time.time())
                 if answer is not None:
                     await link.send(answer)
+                if stream.refused:
+                    raise Refused("incompatible", stream.refused)
+                self.problems.pop(link.peer, None)
                 self.refresh_eligibility()  # an acknowledgement may commit records
                 self._wake_sender()
 
@@ -309,7 +317,8 @@ class Replication:
         store = self.store
         await store.prepare_to_follow()  # what it appended as a leader commits; damage goes
         last = store.position
-        side = FollowerStream((last.epoch, last.lsn), store.tables.history, self.known_epoch())
+        side = FollowerStream((last.epoch, last.lsn), store.tables.history, self.known_epoch(),
+                              self.speaks, f"appliance {link.peer}")  # fmt: skip
         await link.send(side.hello())
         self.following = {"leader": link.peer, "stage": "hello"}
         durable = Durable()
@@ -328,11 +337,13 @@ class Replication:
                 for action in actions:
                     await self._do(action, durable)
                 if side.stage == "cut":
+                    self.problems.pop(link.peer, None)
                     answer = side.resume(store.position.epoch, store.position.lsn)
                 if answer is not None:
                     await link.send(answer)
                 self.following = {"leader": link.peer, "stage": side.stage,
-                                  "lsn": store.position.lsn, "epoch": side.highest_epoch}  # fmt: skip
+                                  "lsn": store.position.lsn, "epoch": side.highest_epoch,
+                                  "version": side.peer.version if side.peer else ""}  # fmt: skip
 
     async def _do(self, action: Any, durable: Durable) -> None:
         if isinstance(action, Truncate):
@@ -371,12 +382,14 @@ class Replication:
                     "lag": last - s.acked,
                     "counted": peer not in skip,
                     "clock_skew": None if s.skew is None else round(s.skew, 3),
+                    "version": s.peer.version if s.peer else "",
                 }
                 for peer, s in self.followers.items()
             },
             "not_counted": sorted(skip),
             "following": dict(self.following),
             "refused": dict(self.refused),
+            "problems": dict(self.problems),
         }
 
 

@@ -59,12 +59,14 @@ async def wait_until(predicate, timeout: float = 10.0, what: str = "") -> None:
 
 
 @asynccontextmanager
-async def running(path: Path, name: str, **cluster):
-    """A node in its own cancel scope, stopped (gracefully) on exit or by ``node.request_stop``."""
+async def running(path: Path, name: str, speaks=None, **cluster):
+    """A node in its own cancel scope, stopped (gracefully) on exit or by ``node.request_stop``;
+    ``speaks``: the version and protocols it states (appliance/compat.py)."""
     config, pm = configured(
         path, {"node": {"name": name, "data_dir": str(path / name)}, "cluster": {**FAST, **cluster}}
     )
     node = Node(config, pm)
+    node.speaks = speaks or node.speaks
     async with trio.open_nursery() as nursery:
         await nursery.start(
             lambda task_status: node.run(handle_signals=False, task_status=task_status)
@@ -232,7 +234,7 @@ async def test_strangers_are_refused_and_the_node_carries_on(tmp_path, logs):
             await wait_until(lambda: logs.find("refused peer", "9.9.9"), what="version refusal")
             for reason in (session.closed.reason, logs.find("refused peer", "9.9.9")[0]["reason"]):
                 assert "rackboot 9.9.9 (cluster protocol 7-8)" in reason
-                assert f"rackboot {__version__} (cluster protocol 1)" in reason
+                assert f"rackboot {__version__} (cluster protocol 1-2)" in reason
 
             # After all that, alpha still serves and the member connects normally.
             assert a.cluster.status()["state"] == "member"

@@ -24,12 +24,14 @@ CLUSTER = {"port": 0, "keepalive": 0.2, "dead_after": 1.0}
 
 
 @asynccontextmanager
-async def node_running(data_dir: Path, name: str, ha: dict):
+async def node_running(data_dir: Path, name: str, ha: dict, speaks=None):
+    """``speaks``: the version and protocols the node states (appliance/compat.py)."""
     config, pm = configured(
         data_dir,
         {"node": {"name": name, "data_dir": str(data_dir)}, "cluster": CLUSTER, "ha": ha},
     )
     node = Node(config, pm)
+    node.speaks = speaks or node.speaks
     async with trio.open_nursery() as nursery:
         await nursery.start(
             lambda task_status: node.run(handle_signals=False, task_status=task_status)
@@ -39,7 +41,9 @@ async def node_running(data_dir: Path, name: str, ha: dict):
 
 
 @asynccontextmanager
-async def rack(tmp_path: Path, **ha):
+async def rack(tmp_path: Path, speaks: dict | None = None, **ha):
+    """Appliances a and b and a witness; ``speaks``: name -> what that node states."""
+    speaks = speaks or {}
     names = ["a", "b", "w"]
     if (tmp_path / "a" / "cluster").exists():  # a restart of the same rack
         dirs = {name: tmp_path / name for name in names}
@@ -55,7 +59,8 @@ async def rack(tmp_path: Path, **ha):
         )
         ha_a = {"port": pa, "peers": [addr["b"]], "witnesses": [addr["w"]], **ha}
         ha_b = {"port": pb, "peers": [addr["a"]], "witnesses": [addr["w"]], **ha}
-        async with node_running(dirs["a"], "a", ha_a) as a, node_running(dirs["b"], "b", ha_b) as b:
+        async with node_running(dirs["a"], "a", ha_a, speaks.get("a")) as a, \
+                node_running(dirs["b"], "b", ha_b, speaks.get("b")) as b:  # fmt: skip
             yield {"a": a, "b": b}, witness
         nursery.cancel_scope.cancel()
 

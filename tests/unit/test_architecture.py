@@ -27,6 +27,7 @@ SANS_IO = [
     "appliance.state.replication",
     "appliance.state.commit",
     "appliance.errors",
+    "appliance.compat",
     "appliance.confine",  # the filesystem only: no network, no clock
     "appliance.doctor.findings",
     "appliance.doctor.sockets",

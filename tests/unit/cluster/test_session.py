@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from appliance.cluster import wire
 from appliance.cluster.session import (
+    CallReceived,
     Closed,
     CrlReceived,
     Established,
     LocalInfo,
+    Replied,
     RoleChanged,
     Session,
     negotiate,
@@ -49,7 +53,7 @@ def test_handshake_establishes_both_ends():
     sa, sb = pair()
     exchange(sa, sb, 0.1)
     [ea], [eb] = events(sa), events(sb)
-    assert isinstance(ea, Established) and ea.peer.name == "beta" and ea.proto == 1
+    assert isinstance(ea, Established) and ea.peer.name == "beta" and ea.proto == 2
     assert isinstance(eb, Established) and eb.peer.crl == 2 and eb.peer.addr == "192.0.2.1:7470"
     assert sa.established and sb.established
 
@@ -60,8 +64,10 @@ def test_incompatible_versions_are_refused_naming_both():
     exchange(sa, sb, 0.1)
     [ea], [eb] = events(sa), events(sb)
     assert isinstance(ea, Closed) and ea.refused
-    assert "rackboot 1.0 (cluster protocol 1)" in ea.reason
-    assert "rackboot 9.0 (cluster protocol 5-6)" in ea.reason
+    assert "node aaaaaaaaaaaaaaaa runs rackboot 1.0 (cluster protocol 1-2)" in eb.reason
+    assert "this node runs rackboot 9.0 (cluster protocol 5-6)" in eb.reason
+    assert "update node aaaaaaaaaaaaaaaa to a version that speaks cluster protocol 5-6" in eb.reason
+    assert "update this node to a version that speaks cluster protocol 5-6" in ea.reason
     assert isinstance(eb, Closed) and (eb.refused or eb.refused_by_peer)
 
 
@@ -203,3 +209,33 @@ def test_no_skew_from_an_old_peer_a_bad_value_or_a_clock_stepped_mid_ping():
     t = sa.next_ping
     _ping_pong(sa, sb, sent=(t, 5601.0), answered=(t, 5601.01), back=(t + 0.02, 5601.02))
     assert abs(sa.clock_skew) < 1e-9
+
+
+def test_a_request_is_answered_on_cluster_protocol_2():
+    sa, sb = pair()
+    exchange(sa, sb, 0.1)
+    events(sa), events(sb)
+    sa.call(7, "roll.state", {"roll": "r1"})
+    exchange(sa, sb, 0.2)
+    [call] = events(sb)
+    assert call == CallReceived(7, "roll.state", {"roll": "r1"})
+    sb.reply(7, True, {"version": "1.1"})
+    sb.reply(8, False, error="no such roll")
+    exchange(sa, sb, 0.3)
+    assert events(sa) == [
+        Replied(7, True, {"version": "1.1"}, ""),
+        Replied(8, False, None, "no such roll"),
+    ]
+
+
+def test_a_peer_on_protocol_1_is_sent_no_request_and_may_send_none():
+    old = LocalInfo(**{**B.__dict__, "version": "0.1.0", "proto_min": 1, "proto_max": 1})
+    sa, sb = pair(b=old)
+    exchange(sa, sb, 0.1)
+    events(sa), events(sb)
+    assert sa.proto == 1 and sa.established
+    with pytest.raises(ValueError, match=r"rackboot 0.1.0 \(cluster protocol 1\), which takes no"):
+        sa.call(1, "roll.state", {})
+    sb._send({"t": "call", "id": 1, "cmd": "roll.state", "args": {}})  # as a confused peer
+    exchange(sa, sb, 0.2)
+    assert any(isinstance(e, Closed) and "unexpected call" in e.reason for e in events(sa))

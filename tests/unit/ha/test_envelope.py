@@ -47,7 +47,7 @@ def test_a_member_datagram_opens_to_its_node_id_and_message(cluster):
     assert len(datagram) < 700
     opener = Opener(ca)
     assert opener.open_untrusted(datagram, NOW) == Opened(node_id, MESSAGE, None)
-    assert opener.open_untrusted(datagram, NOW) == (node_id, MESSAGE, None, None)  # cached
+    assert opener.open_untrusted(datagram, NOW)[:4] == (node_id, MESSAGE, None, None)  # cached
 
 
 def test_a_signature_by_another_key_is_refused(cluster):
@@ -115,7 +115,7 @@ def test_the_senders_list_number_is_stated_inside_the_signed_payload(cluster):
     ca, member = cluster
     der, key, node_id = member()
     datagram = seal(MESSAGE, key, der, crl=5)
-    assert Opener(ca).open_untrusted(datagram, NOW) == (node_id, MESSAGE, 5, None)
+    assert Opener(ca).open_untrusted(datagram, NOW)[:4] == (node_id, MESSAGE, 5, None)
     kind, cert, payload, signature = msgpack.unpackb(datagram)
     raised = encode(MESSAGE, crl=6)  # a number changed on the way
     with pytest.raises(BadMessage, match="bad signature") as refused:
@@ -129,7 +129,7 @@ def test_a_sender_older_than_the_number_is_accepted_and_states_none(cluster):
     der, key, node_id = member()
     payload = msgpack.packb({"t": "prepare", **MESSAGE.__dict__})
     old = msgpack.packb([1, der, payload, key.sign(envelope.DOMAIN + payload)])
-    assert Opener(ca).open_untrusted(old, NOW) == (node_id, MESSAGE, None, None)
+    assert Opener(ca).open_untrusted(old, NOW)[:4] == (node_id, MESSAGE, None, None)
 
 
 @pytest.mark.parametrize("value", [-1, 2**63, True, "2", 1.5, [2]])
@@ -153,7 +153,7 @@ def test_a_newer_list_signed_by_the_ca_is_adopted_and_refuses_the_revoked_from_t
     opener = Opener(ca, member.crl(number=1))
     opener.open_untrusted(seal(MESSAGE, gamma_key, gamma_der), NOW)  # gamma known and cached
     newer = member.crl({99}, number=2)
-    assert opener.open_untrusted(seal_crl(newer.der, key, der), NOW) == (
+    assert opener.open_untrusted(seal_crl(newer.der, key, der), NOW)[:4] == (
         node_id, None, 2, newer,
     )  # fmt: skip
     assert opener.revocations == newer
@@ -170,7 +170,7 @@ def test_an_older_or_equal_list_is_not_adopted(cluster, number):
     ours = member.crl({5}, number=2)
     opener = Opener(ca, ours)
     other = member.crl({99}, number=number)
-    assert opener.open_untrusted(seal_crl(other.der, key, der), NOW) == (
+    assert opener.open_untrusted(seal_crl(other.der, key, der), NOW)[:4] == (
         node_id, None, number, None,
     )  # fmt: skip
     assert opener.revocations is ours

@@ -93,6 +93,15 @@ def test_the_senders_revocation_list_number_rides_beside_every_message(message):
     assert m.decode_with_crl_untrusted(m.encode(message)) == (message, None)  # an older sender
 
 
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda x: x.TYPE)
+def test_the_senders_version_and_election_protocols_ride_beside_every_message(message):
+    data = m.encode(message, crl=3, speaks=("1.2.0", [1, 2]))
+    assert m.decode_stated_untrusted(data) == (message, m.Stated(3, "1.2.0", [1, 2]))
+    assert m.decode_untrusted(data) == message  # an older decoder: extra keys
+    assert m.decode_stated_untrusted(m.encode(message)) == (message, m.Stated())  # an older sender
+    assert len(data) < m.MAX_MESSAGE
+
+
 @pytest.mark.parametrize("value", [-1, 2**63, True, "7", 7.0, [7]])
 def test_a_stated_number_out_of_range_or_of_another_type_is_refused(value):
     with pytest.raises(m.BadMessage, match="prepare: field 'crl'"):

@@ -65,6 +65,12 @@ def test_malformed_entries_are_refused(fields):
         decode_untrusted(msgpack.packb(fields, use_bin_type=True))
 
 
+@pytest.mark.parametrize("format", [2, 0, True, "1"])
+def test_an_entry_of_a_format_this_software_does_not_read_is_refused_saying_so(format):
+    with pytest.raises(BadEntry, match=f"format {format}: rackboot .* reads state log formats 1"):
+        decode_untrusted(msgpack.packb([format, "r", 1, 1, "ns", "k", 1], use_bin_type=True))
+
+
 def test_untrusted_bytes_are_capped_and_extension_types_refused():
     with pytest.raises(BadEntry):
         decode_untrusted(b"\x00" * (MAX_ENTRY + 1))
