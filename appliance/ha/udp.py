@@ -125,8 +125,8 @@ class UdpTransport:
         self._pushed: dict[Address, float] = {}  # address -> when it was last sent a list
         self._push_bucket: TokenBucket | None = None
         self._sealed_crl: tuple[int, bytes | None] = (-1, None)
-        # node id -> when (trio time) its last datagram passed the certificate and signature
-        # checks: which acceptors this node hears, authenticated (`rackboot doctor`)
+        # node id -> when (trio time) its last datagram passed the certificate, signature and
+        # version checks: which acceptors this node hears, authenticated (`rackboot doctor`)
         self._heard: dict[str, float] = {}
 
     async def bind(self, addresses: list[str]) -> None:
@@ -176,10 +176,14 @@ class UdpTransport:
                     break
                 except OSError:  # e.g. an ICMP error queued on the socket
                     continue
-                self._open(data, source, deliver)
+                sender = self._open(data, source, deliver)
+                if sender is not None:  # trio's clock: the node's, as ha status reads it
+                    _keep_newest(self._heard, sender, trio.current_time())
             await trio.lowlevel.checkpoint()  # renewals and DHCP share this thread
 
-    def _open(self, data: bytes, source: Address, deliver: Deliver) -> None:
+    def _open(self, data: bytes, source: Address, deliver: Deliver) -> str | None:
+        """One datagram through the checks; the sender's node id when it passed them
+        (authenticated, a version we speak), else None."""
         address = f"{source[0]}:{source[1]}"
         try:
             self._sync()
@@ -188,23 +192,23 @@ class UdpTransport:
             )
         except BadMessage as exc:
             self._refuse(address, exc.kind, str(exc))
-            return
+            return None
         except Exception as exc:  # a bug of ours at the trust boundary must not stop the node
             self._refuse(address, "internal", f"{type(exc).__name__}: {exc}")
-            return
+            return None
         self._note(source, opened.crl)
-        _keep_newest(self._heard, opened.sender, trio.current_time())
         if opened.message is None:
             self._received_crl(opened, address)
-            return
+            return opened.sender
         verdict = compat.judge("election", f"node {opened.sender}", opened.version,
                                opened.protocols, self.speaks)  # fmt: skip
         _keep_newest(self.versions, opened.sender, verdict)
         if verdict.problem:
             self._refuse(address, "incompatible", verdict.problem)
-            return
+            return None
         self.counters["received"] += 1
         deliver(opened.sender, address, opened.message)
+        return opened.sender
 
     # -- revocation lists ------------------------------------------------------------
 
