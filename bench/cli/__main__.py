@@ -1,0 +1,3 @@
+from bench.cli.run import main
+
+raise SystemExit(main())
