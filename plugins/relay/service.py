@@ -13,10 +13,9 @@ a packet socket instead where it can (linklayer.py: no IP output path, no copy o
 broadcast looped back to local sockets, no ARP entry); without CAP_NET_RAW, on an
 interface that is not Ethernet, or when that socket refuses one, as said before.
 
-Datagrams are relayed in bursts: once one has come the shell keeps reading, waiting
-for the next in poll(2) for a short linger, and returns to trio's wait (whose wake-up
-costs more CPU than relaying a datagram) once the socket stays quiet, or lets trio's
-other tasks run after a bounded number of datagrams or time (see BURST_DATAGRAMS).
+Datagrams are relayed in batches: the first after a quiet spell at once, then, while
+more keep coming, all that came every GATHER_SECONDS (a wake-up costs more CPU than
+relaying a datagram), sleeping in trio in between.
 
 With ``when = "active"`` a node that does not hold the rack's lease relays
 nothing: a socket filter makes the kernel drop what arrives.
@@ -30,10 +29,8 @@ receive (they are bound to their interfaces: the better match) are passed on.
 
 from __future__ import annotations
 
-import select
 import socket
 import sys
-import time
 from collections.abc import Callable
 
 import trio
@@ -58,16 +55,16 @@ log = get_logger("relay")
 # A longer datagram is cut to this and the agent drops it (longer than MAX_MESSAGE):
 # malformed either way, and the kernel copies no more than a DHCP message.
 RECEIVE_SIZE = MAX_MESSAGE + 1
-# Bursts. A wake-up through trio's wait_readable costs ~25-35 µs of CPU here, the relaying
-# of one datagram ~15 µs: woken per datagram (at 3,000 DORA/s one arrives every ~80 µs)
-# the relay spent most of its time in trio. So once a datagram has come, the relay keeps
-# reading, and waits for the next in poll(2) (a few µs) for up to LINGER_MS, trio's
-# other tasks waiting meanwhile, for at most BURST_DATAGRAMS datagrams or
-# BURST_SECONDS: then it lets them run, or waits in trio again once a LINGER_MS passed
-# without a datagram.
-BURST_DATAGRAMS = 256
-BURST_SECONDS = 0.004
-LINGER_MS = 1
+# Gathering. Each wake-up costs more than relaying a datagram: a context switch, and the
+# interpreter's caches gone cold while another process ran (Kea, in bench.relay). Woken
+# per datagram, the relay spent more CPU on being woken than on relaying, and woke the
+# server as often. So the first datagram after a quiet spell is relayed at once; while
+# more keep coming, the relay reads them every GATHER_SECONDS, all that came, sleeping in
+# trio in between (its other tasks run). A datagram waits up to that much longer; at
+# 3,500 DORA/s this halved the relay's CPU per exchange and cut the server's by a third
+# (bench/README.md, bench.relay). At most DRAIN_DATAGRAMS per read, then others' turn.
+GATHER_SECONDS = 0.001
+DRAIN_DATAGRAMS = 256
 
 
 class RelayService:
@@ -112,12 +109,7 @@ class RelayService:
             log.info("relaying", interfaces=",".join(agent.links),
                      servers=",".join(map(_text, agent.config.servers)))  # fmt: skip
             task_status.started()
-            with select.epoll(1) as poller:
-                poller.register(sock, select.EPOLLIN)
-                while True:
-                    await trio.lowlevel.wait_readable(sock)
-                    if self._burst(agent, sock, poller.poll):
-                        await trio.lowlevel.checkpoint()  # bounds reached: others' turn
+            await self._serve(agent, sock)
         finally:
             sock.close()
             self.frames.close()
@@ -137,17 +129,13 @@ class RelayService:
         if self.sock is not None:
             set_deaf(self.sock, not relaying)
 
-    def _burst(self, agent: RelayAgent, sock: socket.socket, poll: Callable) -> bool:
-        """Relay what arrives until the socket was quiet for LINGER_MS (False) or the
-        burst's bounds are reached (True: datagrams may be waiting)."""
-        budget, deadline = BURST_DATAGRAMS, time.monotonic() + BURST_SECONDS
+    async def _serve(self, agent: RelayAgent, sock: socket.socket) -> None:
+        """Wait for a datagram and relay it at once; then, while more come, relay all that
+        came every GATHER_SECONDS, until one passed without any."""
         while True:
-            relayed = self._drain(agent, sock, budget)
-            budget -= relayed
-            if budget <= 0 or time.monotonic() >= deadline:
-                return True
-            if not relayed or not poll(LINGER_MS / 1000):
-                return False
+            await trio.lowlevel.wait_readable(sock)
+            while self._drain(agent, sock, DRAIN_DATAGRAMS):
+                await trio.sleep(GATHER_SECONDS)
 
     def _drain(self, agent: RelayAgent, sock: socket.socket, budget: int) -> int:
         """Relay up to ``budget`` datagrams; how many were read (fewer: the socket is

@@ -1,10 +1,6 @@
-"""The relay's receive loop (plugins/relay/service.py) on a scripted socket: bursts, and
-replies as frames through a (scripted) packet socket.
-
-The shell reads datagrams until the socket stays quiet for a linger, waiting for the
-next one in poll(2) rather than in trio (a trio wake-up costs more CPU than relaying a
-datagram), within bounds that let trio's other tasks run. The socket and poll here
-are scripted: what arrives, and when poll says more came."""
+"""The relay's reading of its socket (plugins/relay/service.py) on a scripted socket, and
+replies as frames through a (scripted) packet socket. When it reads is
+tests/trio/test_relay_gather.py's."""
 
 from __future__ import annotations
 
@@ -69,51 +65,23 @@ def relay_service() -> tuple[RelayService, RelayAgent]:
     return relay, agent
 
 
-def test_datagrams_that_come_within_the_linger_are_relayed_in_the_same_burst():
+def test_a_drain_relays_what_has_come_and_says_how_many():
     relay, agent = relay_service()
     sock = ScriptedSocket()
-    sock.queue.append(request(1))
-    arrivals = [[reply(1), request(2)], [reply(2)]]  # what comes during each linger
-    polls: list[float] = []
-
-    def poll(timeout: float) -> list:
-        polls.append(timeout)
-        if not arrivals:
-            return []  # quiet for a whole linger: back to trio
-        sock.queue.extend(arrivals.pop(0))
-        return [(0, 1)]
-
-    assert relay._burst(agent, sock, poll) is False  # ended quiet, not at its bounds
-    assert polls == [service.LINGER_MS / 1000] * 3
+    sock.queue.extend([request(1), reply(1), request(2)])
+    assert relay._drain(agent, sock, 256) == 3
     assert [destination for _, destination in sock.sent] == [("10.0.0.2", 67)] * 2
-    assert [d[2] for d in sock.delivered] == [("255.255.255.255", 68)] * 2
-    assert agent.requests["lo"] == 2 and agent.replies["lo"] == 2 and not agent.dropped
+    assert [d[2] for d in sock.delivered] == [("255.255.255.255", 68)]
+    assert agent.requests["lo"] == 2 and agent.replies["lo"] == 1 and not agent.dropped
+    assert relay._drain(agent, sock, 256) == 0  # an empty socket: nothing to gather
 
 
-def test_a_burst_stops_at_its_bounds_so_that_trio_runs_other_tasks(monkeypatch):
+def test_a_drain_stops_at_its_budget_so_that_trio_runs_other_tasks():
     relay, agent = relay_service()
     sock = ScriptedSocket()
-    monkeypatch.setattr(service, "BURST_DATAGRAMS", 10)
-    xids = iter(range(1000))
-
-    def poll(timeout: float) -> list:  # a datagram comes during every linger: endless
-        sock.queue.append(request(next(xids)))
-        return [(0, 1)]
-
-    sock.queue.extend(request(next(xids)) for _ in range(3))
-    assert relay._burst(agent, sock, poll) is True
-    assert len(sock.sent) == 10 and sock.queue == []
-    # and by time: a clock that has passed the burst's seconds after the first read
-    monkeypatch.setattr(service, "BURST_DATAGRAMS", 1000)
-    now = iter([0.0] + [service.BURST_SECONDS] * 10)
-    monkeypatch.setattr(service.time, "monotonic", lambda: next(now))
-    sock.queue.append(request(next(xids)))
-    assert relay._burst(agent, sock, poll) is True and len(sock.sent) == 11
-
-
-def test_a_burst_on_an_empty_socket_waits_in_trio_not_in_poll():
-    relay, agent = relay_service()
-    assert relay._burst(agent, ScriptedSocket(), lambda timeout: [(0, 1)]) is False
+    sock.queue.extend(request(xid) for xid in range(15))
+    assert relay._drain(agent, sock, 10) == 10 and len(sock.queue) == 5
+    assert relay._drain(agent, sock, 10) == 5 and len(sock.sent) == 15
 
 
 def test_the_server_side_interface_is_looked_up_once(monkeypatch):
@@ -127,7 +95,7 @@ def test_the_server_side_interface_is_looked_up_once(monkeypatch):
     monkeypatch.setattr(service.socket, "if_indextoname", if_indextoname)
     sock = ScriptedSocket()
     sock.queue.extend([reply(1), reply(2), reply(3)])
-    relay._burst(agent, sock, lambda timeout: [])
+    relay._drain(agent, sock, 256)
     assert looked_up == [UPSTREAM_INDEX] and agent.replies["lo"] == 3
 
 
@@ -163,7 +131,7 @@ def test_a_broadcast_reply_leaves_as_a_frame_through_the_packet_socket(monkeypat
     relay, agent, packet_socket = framing_service(monkeypatch)
     sock = ScriptedSocket()
     sock.queue.append(reply(1))
-    relay._burst(agent, sock, lambda timeout: [])
+    relay._drain(agent, sock, 256)
     ((packet, address),) = packet_socket.sent
     assert address == ("lo", 0x0800, 0, 0, b"\xff" * 6)  # the kernel adds our MAC
     assert packet[12:20] == IPv4Address("10.1.1.1").packed + b"\xff" * 4
@@ -173,7 +141,7 @@ def test_a_broadcast_reply_leaves_as_a_frame_through_the_packet_socket(monkeypat
     # the UDP payload is what sendmsg sends without a packet socket
     plain, plain_agent = relay_service()
     sock.queue.append(reply(1))
-    plain._burst(plain_agent, sock, lambda timeout: [])
+    plain._drain(plain_agent, sock, 256)
     assert packet[28:] == sock.delivered[0][0]
 
 
@@ -185,12 +153,12 @@ def test_a_refused_frame_goes_by_sendmsg_and_the_next_one_as_a_frame_again(monke
     for errno_ in (errno.EMSGSIZE, errno.ENODEV, errno.ENETDOWN):
         packet_socket.refuse = errno_
         sock.queue.append(reply(1))
-        relay._burst(agent, sock, lambda timeout: [])
+        relay._drain(agent, sock, 256)
     assert [d[2] for d in sock.delivered] == [("255.255.255.255", 68)] * 3
     assert relay.frames.refused == 3 and packet_socket.sent == []
     packet_socket.refuse = None
     sock.queue.append(reply(2))
-    relay._burst(agent, sock, lambda timeout: [])
+    relay._drain(agent, sock, 256)
     assert len(packet_socket.sent) == 1 and len(sock.delivered) == 3
 
 
@@ -198,7 +166,7 @@ def test_frames_only_on_ethernet_with_a_packet_socket_and_only_broadcasts(monkey
     relay, agent, packet_socket = framing_service(monkeypatch, kind=772)  # ARPHRD_LOOPBACK
     sock = ScriptedSocket()
     sock.queue.append(reply(1))
-    relay._burst(agent, sock, lambda timeout: [])
+    relay._drain(agent, sock, 256)
     assert not relay.frames.uses_frames("lo") and packet_socket.sent == []
     assert len(sock.delivered) == 1
     # no CAP_NET_RAW: no packet socket
@@ -206,7 +174,7 @@ def test_frames_only_on_ethernet_with_a_packet_socket_and_only_broadcasts(monkey
     relay.frames = linklayer.FrameLinks(None, 67, 68)
     relay._prepare(agent)
     sock.queue.append(reply(2))
-    relay._burst(agent, sock, lambda timeout: [])
+    relay._drain(agent, sock, 256)
     assert not relay.frames.uses_frames("lo") and len(sock.delivered) == 2
     # a renewing client (ciaddr set, no broadcast flag) is answered by sendmsg: the
     # kernel resolves its address (it has one)
@@ -214,7 +182,7 @@ def test_frames_only_on_ethernet_with_a_packet_socket_and_only_broadcasts(monkey
     renew = build(Message(op=2, xid=3, ciaddr=IPv4Address("10.1.1.7"), chaddr=bytes(6),
                           giaddr=IPv4Address("10.1.1.1"), options={53: b"\x05"}))  # fmt: skip
     sock.queue.append((renew, pktinfo(UPSTREAM_INDEX), 0, ("10.0.0.2", 67)))
-    relay._burst(agent, sock, lambda timeout: [])
+    relay._drain(agent, sock, 256)
     assert packet_socket.sent == [] and sock.delivered[-1][2] == ("10.1.1.7", 68)
 
 
@@ -231,7 +199,7 @@ def test_a_client_without_an_address_gets_a_frame_to_its_mac_and_no_arp_entry(mo
     monkeypatch.setattr(service, "delete_arp_entry", lambda *a: entries.append(a))
     sock = ScriptedSocket()
     sock.queue.append(offer_without_broadcast_flag(1))
-    relay._burst(agent, sock, lambda timeout: [])
+    relay._drain(agent, sock, 256)
     ((packet, address),) = packet_socket.sent
     assert address == ("lo", 0x0800, 0, 0, CLIENT_MAC)
     assert packet[16:20] == IPv4Address("10.1.1.50").packed
@@ -239,7 +207,7 @@ def test_a_client_without_an_address_gets_a_frame_to_its_mac_and_no_arp_entry(mo
     # refused (past the MTU, say): an ARP entry and sendmsg to yiaddr, the entry deleted
     packet_socket.refuse = errno.EMSGSIZE
     sock.queue.append(offer_without_broadcast_flag(2))
-    relay._burst(agent, sock, lambda timeout: [])
+    relay._drain(agent, sock, 256)
     assert [d[2] for d in sock.delivered] == [("10.1.1.50", 68)]
     assert [e[1:3] for e in entries] == [("lo", "10.1.1.50")] * 2  # set, then deleted
     assert relay.frames.refused == 1
