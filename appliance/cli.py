@@ -18,6 +18,7 @@ from appliance import __version__
 from appliance.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning, RackbootError, Unreachable
 from appliance.firmware.commands import add_firmware_commands
 from appliance.logs import get_logger, setup_logging
+from appliance.rolling.commands import add_roll_command
 from appliance.state.commands import add_commands as add_state_commands
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
     )
     witness.set_defaults(func=cmd_witness)
     add_firmware_commands(sub, with_config)
+    add_roll_command(sub.choices["firmware"], with_config)
     add_doctor_command(sub, with_config)
 
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): sub}
@@ -340,6 +342,10 @@ def format_status(status: dict[str, Any]) -> str:
     for name, state in sorted(core.get("services", {}).items()):
         lines.append(f"  service {name}: {state}")
     lines.extend(format_cluster(core.get("cluster") or {}))
+    roll = (core.get("rolling") or {}).get("roll")
+    if roll:
+        lines.append(f"  roll {roll['id']} to {roll['version']}: {roll['state']}"
+                     + (f": {roll['reason']}" if roll.get("reason") else ""))  # fmt: skip
     ha = core.get("ha") or {}
     if ha.get("mode", "standalone") != "standalone":
         from appliance.ha.plugin import render_status

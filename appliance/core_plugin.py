@@ -12,6 +12,7 @@ from appliance.firmware.schema import FIRMWARE as _FIRMWARE
 from appliance.ha import plugin as ha
 from appliance.ha.schema import SECTION as _HA
 from appliance.nodesection import NODE as _NODE
+from appliance.rolling import plugin as rolling
 from appliance.state import plugin as state
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def rackboot_status(node: Node) -> dict[str, Any]:
         "cluster": node.cluster.status() if node.cluster is not None else {"state": "off"},
         "ha": node.ha.status() if node.ha is not None else {"mode": "standalone"},
         "state": state.status(node) if node.state is not None else {},
+        "rolling": rolling.status(node),
     }
 
 
@@ -83,7 +85,7 @@ def rackboot_services(node: Node) -> list[Service]:
     cluster = [] if settings.enabled == "off" else [Service("cluster", node.cluster.run)]
     # After the cluster (the election and replication sign with its identity); the state
     # store before the protocol plugins' services, which read it.
-    return cluster + state.services(node) + ha.services(node)
+    return cluster + state.services(node) + ha.services(node) + rolling.services(node)
 
 
 @hookimpl
@@ -108,6 +110,7 @@ def rackboot_control_commands(node: Node) -> dict[str, Any]:
         from appliance.state.backup import control_commands as state_commands
 
         commands.update(state_commands(node))
+    commands.update(rolling.control_commands(node))
     return commands
 
 

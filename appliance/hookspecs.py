@@ -118,6 +118,22 @@ def rackboot_role_changed(node: Node, old: Role, new: Role) -> None:
 # -------------------------------------------------------------------------
 
 
+@hookspec(firstresult=True)
+def rackboot_firmware_updater(node: Node) -> Any | None:
+    """Provide this appliance's firmware updater for the rolling update of its rack.
+
+    :param node: The node (its configuration, data directory, ``request_stop``).
+    :return: An object with the interface of
+        :class:`appliance.rolling.updater.Updater` (``firmware()``, ``check(bundle)``,
+        ``install(bundle)``, ``restart()``), or ``None`` to leave it to others. The
+        first one returned is used; without any, the appliance's A/B slots
+        (``[firmware]``, docs/updates.md) are.
+
+    Called once, when the node's services are made. ``check`` and ``install`` run in a
+    worker thread (they may block); ``restart`` in the node's trio thread.
+    """
+
+
 @hookspec
 def rackboot_status(node: Node) -> dict[str, Any] | None:
     """Contribute to ``rackboot status``.

@@ -96,7 +96,10 @@ CLI_COMMANDS = [
         "ha.handover",
         render_status,
         arguments=(
-            (("--to",), {"metavar": "NODE_ID", "help": "the standby to hand over to (active only)"}),
+            (
+                ("--to",),
+                {"metavar": "NODE_ID", "help": "the standby to hand over to (active only)"},
+            ),
         ),
     ),
 ]

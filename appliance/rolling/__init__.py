@@ -1,0 +1,1 @@
+"""The rolling update of a rack (docs/updates.md): planner, updaters, the service."""
