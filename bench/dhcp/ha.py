@@ -40,7 +40,7 @@ from bench.dhcp.servers import Server, ServerUnavailable, Subnet
 from bench.failover.kea import KeaPair, agent_config, dhcp4_config, ha_state
 from tests.support.dhcplab import Timeout, wait_until
 from tests.support.ha_lab import HaNode, Rack
-from tests.support.netns import Host, Lab
+from tests.support.netns import Host, Lab, LabError
 
 CATCH_UP_TIMEOUT = 60.0  # the standby taking in what the active committed, after the load
 MONITOR_FILES_EVERY = 0.05  # the election state files, read from outside (no server CPU)
@@ -312,7 +312,7 @@ class RackHA(GroupServer):
             self.active_name = actives[0]
             self.check_pinned()
             self.probe(cli, time.monotonic() + self.ready_timeout)
-        except (Timeout, AssertionError, ServerUnavailable) as exc:
+        except (LabError, AssertionError, ServerUnavailable) as exc:  # a Timeout, a node exited
             self.failed_start("rack", exc)
 
     def profile_pids(self) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """VMs on one side's link: one namespace with a bridge, one tap per VM, QEMU per VM.
 
-:func:`tests.support.netboot.vm.vm_host` makes the namespace and its first tap
+:func:`appliance.lab.vm.vm_host` makes the namespace and its first tap
 (it names its host ``vm`` and its tap after the lab: one VM per lab); the scale
 scenario's other VMs get more taps on the same bridge here (:func:`add_taps`).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from appliance.lab import vm
 from bench.netboot.timings import MARK, BootRecord, dhcp_acks, dhcp_reply_ms
-from tests.support.netboot import vm
 from tests.support.netns import Host, Lab, LabError
 
 OFF_TIMEOUT = 30.0  # the installer's last word to QEMU's exit

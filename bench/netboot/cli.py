@@ -25,9 +25,9 @@ link per side, both up for the whole firmware's turn:
   Rackboot renders (its own renderer, a fixed token), and answers the installer's
   POST to ``/api/`` with a fixed ``201`` (``return``).
 
-The installer is tests/support/netboot's (Debian's cloud kernel, a busybox initrd
+The installer is appliance/lab's (Debian's cloud kernel, a busybox initrd
 that posts ``installed`` and powers off). Every boot is a new MAC to both servers.
-The VMs run QEMU (``tests.support.netboot.vm``) under TCG by default (``--accel kvm``
+The VMs run QEMU (``appliance.lab.vm``) under TCG by default (``--accel kvm``
 to try KVM; docs/netboot-test.md says why TCG).
 
 What is measured (seconds from QEMU's start = power-on)
@@ -82,13 +82,13 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from appliance.lab import debs, initrd, vm
 from bench import results_file
 from bench.dhcp.system import OtherCPU, cpu_model, missing_packages
 from bench.netboot import timings
 from bench.netboot.boots import VmLink, boot, mac_of
 from bench.netboot.servers import Files, PeerSide, RackbootSide
 from bench.tftp.servers import apt
-from tests.support.netboot import debs, initrd, vm
 from tests.support.netns import Lab
 
 PACKAGES = ["qemu-system-x86", "ipxe-qemu", "ovmf", "ipxe", "dnsmasq-base", "nginx-light",

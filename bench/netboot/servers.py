@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.lab.boot import CMDLINE, TFTP_SCRIPT  # both sides boot what the test does
 from bench.http.cli import cpu_seconds
 from bench.netboot import timings
 from plugins.httpboot.script import Machine, Profile, base_url, render_ipxe
 from tests.support.dhcplab import Sniffer
-from tests.support.netboot.boot import CMDLINE, TFTP_SCRIPT  # both sides boot what the test does
 from tests.support.netboot.node import NetbootNode
 from tests.support.netns import Host, Lab
 

@@ -4,7 +4,7 @@ A boot is observed from four places, all in wall-clock seconds (``time.time()``,
 the same clock for every process on this machine):
 
 * the VM's power-on (QEMU's start) and its serial console, each line stamped when
-  first read (:class:`tests.support.netboot.vm.Console`, seconds since power-on);
+  first read (:class:`appliance.lab.vm.Console`, seconds since power-on);
 * the DHCP frames a sniffer saw on the server's link (the first DHCPACK to the
   VM's MAC; its ``yiaddr`` values say which client addresses are this VM's);
 * the HTTP server's access log (Rackboot's ``ts=`` key=value lines, nginx's

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from appliance.lab.node import NodeExited
 from bench.dhcp.servers import REPO, Kea, Server, ServerUnavailable, Subnet
 from bench.relay import wire
 from tests.support.netns import Host, Lab
@@ -188,7 +189,7 @@ class RackbootRelay(Relay):
             try:
                 if self.node._serving():  # relay.relaying in status
                     return
-            except AssertionError as exc:  # it exited
+            except NodeExited as exc:
                 raise ServerUnavailable(str(exc).splitlines()[0], self.log) from None
             if time.monotonic() > deadline:
                 raise ServerUnavailable("rackboot relay not relaying (status)", self.log)

@@ -57,7 +57,7 @@ def small_disk(tmp_path, state: slots.State):
 
 
 def power_on(disk) -> str:
-    # TCG: KVM on this kind of machine runs SeaBIOS poorly (tests/support/netboot/vm.py)
+    # TCG: KVM on this kind of machine runs SeaBIOS poorly (appliance/lab/vm.py)
     done = subprocess.run(
         ["qemu-system-x86_64", "-m", "128", "-display", "none", "-serial", "stdio",
          "-monitor", "none", "-no-reboot", "-drive", f"file={disk},format=raw"],

@@ -8,7 +8,7 @@ with its PXE options off goes straight to HTTP boot; DHCP answers vendor class
 ``HTTPClient`` with the default ``http_x64`` URL (``/boot/ipxe.efi``, Debian's
 ``ipxe.efi``); iPXE then asks DHCP again and gets the default ``ipxe_script``
 (the same HTTP script, no TFTP). Either way the installer of
-:mod:`tests.support.netboot.initrd` posts ``installed`` to the events API and
+:mod:`appliance.lab.initrd` posts ``installed`` to the events API and
 powers the VM off.
 
 The test asserts on the VM's serial console, on Rackboot's lease and its
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from appliance.lab import debs, initrd, vm
+from appliance.lab.boot import CMDLINE, TFTP_SCRIPT
 from tests.support.dhcplab import Sniffer, bootp_fields
-from tests.support.netboot import debs, initrd, vm
-from tests.support.netboot.boot import CMDLINE, TFTP_SCRIPT
 from tests.support.netboot.node import NetbootNode
 from tests.support.netns import Host, Lab
 

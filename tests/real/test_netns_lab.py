@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import netns
-from tests.support.netns import Host, Lab, LabError, have_commands, netns_exists
+from appliance.lab import netns
+from appliance.lab.netns import Host, Lab, LabError, have_commands, netns_exists
 
 
 def ip_json(*args: str) -> list[dict[str, Any]]:

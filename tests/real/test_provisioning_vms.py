@@ -3,7 +3,7 @@
 A Rackboot node (DHCP, TFTP, HTTP boot, RA, provisioning, qemu_power) and four VMs
 that start powered off (``-S``) with QMP sockets the ``qemu_power`` plugin speaks
 to: ``web1``'s installer reports a failure, ``web2``'s starts and then hangs (both
-by MAC, on the kernel command line: tests/support/netboot/initrd.py), the spares
+by MAC, on the kernel command line: appliance/lab/initrd.py), the spares
 install. Requesting web1 and web2 is all the test does: the workflow powers them
 on, sees every stage from the servers (DHCP lease, TFTP/HTTP loader, kernel and
 initrd over HTTP, the installer's events), retries each once after its failure or
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from appliance.lab import vm
+from appliance.lab.boot import CMDLINE, TFTP_SCRIPT
 from tests.real.test_netboot import installer  # noqa: F401 (the fixture)
 from tests.support.ha_lab import Rack
-from tests.support.netboot import vm
-from tests.support.netboot.boot import CMDLINE, TFTP_SCRIPT
 from tests.support.netboot.node import NetbootNode
 from tests.support.netns import Lab
 

@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.dhcplab import DhcpNode, Sniffer, Udhcpc, bootp_fields, dhcp_options, wait_until
+from tests.support.dhcplab import (
+    DhcpNode,
+    Sniffer,
+    Timeout,
+    Udhcpc,
+    bootp_fields,
+    dhcp_options,
+    wait_until,
+)
 from tests.support.ha_lab import Rack
 from tests.support.netns import Lab, have_commands
 from tests.support.relay_lab import (
@@ -145,7 +153,7 @@ def test_three_subnets_through_the_relay_from_a_third_party_server(
         clients = start_clients(router, tmp_path)
         try:
             assert_bound_in_their_subnets(router, clients, BOUND_TIMEOUT)
-        except AssertionError as exc:
+        except (AssertionError, Timeout) as exc:
             raise AssertionError(f"{exc}\n{kind} log:\n{server.log_text()[-3000:]}") from None
         for i, client in enumerate(clients):
             bound = client.wait("bound")

@@ -1,9 +1,9 @@
-"""A Rackboot DHCP server and real DHCP clients in a :class:`~tests.support.netns.Lab`.
+"""A Rackboot DHCP server and real DHCP clients in a :class:`~appliance.lab.netns.Lab`.
 
-* :class:`DhcpNode`: ``rackboot run`` in a host's namespace with a ``[dhcp]``
-  section of the test's choosing, ready once its control socket says DHCP is
-  serving; asked for leases and metrics over that socket (or through the CLI);
-  stopped, or killed, by its PID.
+* :class:`DhcpNode` (appliance/lab/node.py, shared with ``rackboot lab``): ``rackboot
+  run`` in a host's namespace with a ``[dhcp]`` section of the test's choosing, ready
+  once its control socket says DHCP is serving; asked for leases and metrics over that
+  socket (or through the CLI); stopped, or killed, by its PID.
 * :class:`Udhcpc`, :class:`Dhclient`, :class:`Dhcpcd`: the real clients in a
   bare host's namespace, each with a hook script that appends what the client
   was told to a JSON-lines file, so a test waits for an *event* (``bound``,
@@ -11,9 +11,9 @@
 * :class:`Sniffer`: an ``AF_PACKET`` capture of DHCP frames on one interface,
   in a helper process inside the namespace (``python -m tests.support.sniff``).
 
-Every wait has a deadline and polls with short sleeps; every process is
-started through ``Host.popen`` (the lab ends it at close if a test did not)
-and stopped here by its own PID.
+Every wait has a deadline and polls with short sleeps (appliance/lab/processes.py);
+every process is started through ``Host.popen`` (the lab ends it at close if a test
+did not) and stopped here by its own PID.
 """
 
 from __future__ import annotations
@@ -21,41 +21,26 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import select
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from appliance import control
-from appliance.errors import RackbootError
-from tests.support.netns import Host
+from appliance.lab.netns import Host
+from appliance.lab.node import DhcpNode, NodeExited  # noqa: F401 (the tests import them here)
+from appliance.lab.processes import (  # noqa: F401 (the tests import them here)
+    POLL,
+    Timeout,
+    rackboot,
+    stop_process,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-POLL = 0.02  # seconds between looks at an external process
-
-
-class Timeout(AssertionError):
-    """A deadline passed while waiting for an external process."""
-
-
-def wait_until(
-    check: Callable[[], Any], timeout: float, what: str, *, detail: Callable[[], str] = str
-) -> Any:
-    """Poll ``check`` until it returns something truthy; :class:`Timeout` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise Timeout(f"{what}: not within {timeout} s\n{detail()}")
-        time.sleep(POLL)
 
 
 def read_line(proc: subprocess.Popen, timeout: float) -> str:
@@ -66,128 +51,6 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str:
     if not ready:
         raise Timeout(f"pid {proc.pid} printed no line within {timeout:.1f} s")
     return proc.stdout.readline()
-
-
-def rackboot(*args: str) -> list[str]:
-    return [sys.executable, "-m", "appliance", *args]
-
-
-def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-    """Signal our own child by PID and reap it; SIGKILL if it outlives ``timeout``."""
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    return proc.returncode
-
-
-# -- the server ----------------------------------------------------------------
-
-
-class DhcpNode:
-    """``rackboot run`` with DHCP on ``host``'s interface; ``dhcp`` is the rest of ``[dhcp]``."""
-
-    def __init__(
-        self,
-        host: Host,
-        workdir: Path,
-        dhcp: str,
-        *,
-        name: str = "dhcp-node",
-        interfaces: tuple[str, ...] = (),
-        disabled: tuple[str, ...] = ("tftp", "httpboot"),
-        node: str = "",
-    ) -> None:
-        """``interfaces``: where to serve (default: ``host``'s lab interface); ``node``:
-        more keys of ``[node]``."""
-        self.host = host
-        self.workdir = workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.data = workdir / "data"
-        self.socket = str(self.data / "control.sock")
-        self.config = workdir / "rackboot.toml"
-        self.log = workdir / "node.log"
-        self.config.write_text(
-            f'[node]\nname = "{name}"\ndata_dir = "{self.data}"\nshutdown_grace = 2.0\n{node}\n'
-            f"[plugins]\ndisabled = {json.dumps(list(disabled))}\n\n"
-            f"[dhcp]\ninterfaces = {json.dumps(list(interfaces or (host.ifname,)))}\n"
-            + textwrap.dedent(dhcp)
-        )
-        self.proc: subprocess.Popen | None = None
-        self.pids: list[int] = []  # every node process started, in order
-
-    def start(self, timeout: float = 20.0, *, nofile: int | None = None,
-              wrapper: tuple[str, ...] = ()) -> DhcpNode:  # fmt: skip
-        """Start the node and wait until it serves DHCP. ``nofile``: its RLIMIT_NOFILE
-        (1024 is what systemd gives a service unless told otherwise); ``wrapper``: a
-        command that runs it (``setpriv ...``)."""
-        env = {**os.environ, "XDG_DATA_HOME": str(self.workdir / "xdg")}
-
-        def limit() -> None:
-            if nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-        with self.log.open("a") as out:
-            self.proc = self.host.popen(
-                [*wrapper, *rackboot("run", "--config", str(self.config))],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, cwd=self.workdir, preexec_fn=limit,
-            )  # fmt: skip
-        self.pids.append(self.proc.pid)
-        wait_until(self._serving, timeout, f"rackboot node pid {self.proc.pid} serving DHCP",
-                   detail=self.log_text)  # fmt: skip
-        return self
-
-    def _serving(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"node exited {self.proc.returncode}:\n{self.log_text()}")
-        try:
-            status = control.call(self.socket, "status", timeout=2.0)
-        except RackbootError:
-            return False
-        return bool(status.get("dhcp", {}).get("serving")) and self._ready(status)
-
-    def _ready(self, status: dict[str, Any]) -> bool:
-        """Beyond DHCP serving: what :meth:`start` waits for (a lone node is active)."""
-        return status["core"]["role"] == "active"
-
-    def call(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
-        return control.call(self.socket, cmd, args, timeout=5.0)
-
-    def leases(self, *, all: bool = False) -> list[dict[str, Any]]:
-        return self.call("dhcp.leases", {"all": all})
-
-    def status(self) -> dict[str, Any]:
-        return self.call("status")
-
-    def metrics(self) -> str:
-        return self.call("metrics")
-
-    def cli(self, *args: str, as_json: bool = True) -> Any:
-        """``rackboot ARGS [--json] --config FILE`` run in the node's namespace (parsed JSON,
-        or the text)."""
-        argv = rackboot(*args, *(["--json"] if as_json else []), "--config", str(self.config))
-        res = self.host.run(argv, timeout=20)
-        assert res.returncode == 0, f"rackboot {' '.join(args)}: {res.stdout}{res.stderr}"
-        return json.loads(res.stdout) if as_json else res.stdout
-
-    def stop(self, timeout: float = 10.0) -> int:
-        assert self.proc is not None
-        rc = stop_process(self.proc, signal.SIGTERM, timeout)
-        assert rc == 0, f"node exited {rc} on SIGTERM:\n{self.log_text()}"
-        return rc
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
 
 
 def dropped(metrics_text: str) -> dict[str, float]:

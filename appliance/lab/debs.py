@@ -1,7 +1,8 @@
-"""Debian packages the netboot test uses as files: ``apt-get download`` + ``dpkg-deb -x``
-into a cache directory, one unpacked tree per package version, reused across runs.
+"""Debian packages the lab's VMs boot (``rackboot lab``, the netboot tests), used as
+files: ``apt-get download`` + ``dpkg-deb -x`` into a cache directory, one unpacked tree
+per package version, reused across runs.
 
-They are not installed: ``busybox-static`` conflicts with ``busybox`` (other real
+They are not installed: ``busybox-static`` conflicts with ``busybox`` (the real
 tests use it), and installing a kernel runs initramfs-tools for an initramfs
 nobody uses and fills /boot. Unpacked, the kernel is ~106 MB of cache.
 """
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.lab.netns import LabError
+
 # Debian's cloud kernel: 27 MB .deb (the generic one is ~70 MB); virtio-net and
 # virtio-pci are modules in it (no e1000 at all), so the initrd carries them.
 KERNEL_METAPACKAGE = "linux-image-cloud-amd64"
@@ -26,7 +29,7 @@ BUSYBOX_PACKAGE = "busybox-static"
 APT_TIMEOUT = 600.0  # a download on a slow mirror; normally seconds
 
 
-class DebError(RuntimeError):
+class DebError(LabError):
     """A package could not be fetched or unpacked; the text names the command and its output."""
 
 
@@ -121,6 +124,11 @@ def _run(argv: list[str], cwd: Path | None = None) -> str:
             argv, cwd=cwd, capture_output=True, text=True, timeout=APT_TIMEOUT,
             env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
         )  # fmt: skip
+    except FileNotFoundError:
+        raise DebError(
+            f"{argv[0]}: not found; the VM's kernel and busybox come from Debian's "
+            "archive through apt (a Debian or Ubuntu host)"
+        ) from None
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DebError(f"{' '.join(argv)}: {exc}") from None
     if res.returncode != 0:
@@ -130,7 +138,7 @@ def _run(argv: list[str], cwd: Path | None = None) -> str:
 
 @contextlib.contextmanager
 def _locked(cache: Path) -> Iterator[None]:
-    """One fetch per cache at a time (two test runs may share it)."""
+    """One fetch per cache at a time (two labs or test runs may share it)."""
     with open(cache / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield

@@ -1,4 +1,4 @@
-"""What every netbooting VM of the tests and benchmarks is told to boot: the kernel
+"""What every netbooting VM of the lab, the tests and the benchmarks is told to boot: the kernel
 command line and the TFTP script that chains a BIOS iPXE to its HTTP script."""
 
 # panic=-1 (+ QEMU's -no-reboot where nothing powers the VM): a dying installer ends QEMU.

@@ -7,7 +7,7 @@ event as docs/httpboot.md says an installer does: to ``rackboot.events=URL``,
 with ``Authorization: Bearer`` and ``rackboot.token=TOKEN``, using ``busybox
 wget`` (``--header``, ``--post-data``). It prints ``RACKBOOT-INSTALLER:``
 markers on the serial console and powers the VM off, on success or failure
-alike, so a test never waits for a timeout to learn the outcome.
+alike, so nobody waits for a timeout to learn the outcome.
 
 Faulty hardware for the provisioning tests, chosen by the VM's MAC on the kernel
 command line: ``rackboot.test.fail=MAC[,MAC]`` posts a ``failed`` event and powers
@@ -38,7 +38,7 @@ class Event:
 
     stage: str = "installed"
     status: str = "ok"
-    message: str = "netboot test installer finished"
+    message: str = "rackboot lab installer finished"  # no quote: /init single-quotes it
 
 
 def build(kernel: Kernel, busybox: Path, out: Path, *, event: Event = Event()) -> Path:

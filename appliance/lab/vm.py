@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.dhcplab import POLL, Timeout, stop_process
-from tests.support.netns import Host, Lab, LabError
+from appliance.lab.netns import Host, Lab, LabError
+from appliance.lab.processes import POLL, Timeout, stop_process
 
 QEMU = "qemu-system-x86_64"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
@@ -39,15 +39,19 @@ KVM_GET_API_VERSION, KVM_CREATE_VM = 0xAE00, 0xAE01
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1bc")
 
 
+class VmExited(LabError):
+    """QEMU ended before the console showed what was waited for."""
+
+
 def missing() -> str | None:
     """Why a VM cannot run here, or None."""
     if not os.path.exists("/dev/net/tun"):
         return "/dev/net/tun is missing (no tap devices for the VM)"
     if not shutil.which(QEMU):
-        return f"{QEMU} is not installed (qemu-system-x86, tests/debian-packages.txt)"
+        return f"{QEMU} is not installed (Debian package qemu-system-x86)"
     for path, package in ((IPXE_ROM, "ipxe-qemu"), (OVMF_CODE, "ovmf")):
         if not path.exists():
-            return f"{path} is missing ({package}, tests/debian-packages.txt)"
+            return f"{path} is missing (Debian package {package})"
     return None
 
 
@@ -211,13 +215,12 @@ class Vm:
             found = self.console.find(pattern)
             if found:
                 return found
-            assert self.proc is not None
-            if self.proc.poll() is not None:
+            if self._started().poll() is not None:
                 self.console.poll()
                 if found := self.console.find(pattern):
                     return found
-                raise AssertionError(f"VM exited {self.proc.returncode} before /{pattern}/\n"
-                                     f"{self.console.text()}\n{self.stderr_text()}")  # fmt: skip
+                raise VmExited(f"VM exited {self._started().returncode} before /{pattern}/\n"
+                               f"{self.console.text()}\n{self.stderr_text()}")  # fmt: skip
             if time.monotonic() > deadline:
                 raise Timeout(f"/{pattern}/ not on the VM console within {timeout} s\n"
                               f"{self.console.text()}")  # fmt: skip
@@ -225,9 +228,8 @@ class Vm:
 
     def wait_exit(self, timeout: float) -> float:
         """Wait for QEMU to exit on its own (the guest powered off): seconds since power-on."""
-        assert self.proc is not None
         try:
-            self.proc.wait(timeout=timeout)
+            self._started().wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise Timeout(f"VM still running {timeout} s after the request\n"
                           f"{self.console.text()}") from None  # fmt: skip
@@ -238,6 +240,11 @@ class Vm:
     def stop(self) -> None:
         if self.proc is not None:
             stop_process(self.proc, timeout=5.0)
+
+    def _started(self) -> subprocess.Popen:
+        if self.proc is None:
+            raise LabError(f"VM {self.mac}: not started")
+        return self.proc
 
     def stderr_text(self) -> str:
         return self.stderr.read_text(errors="replace") if self.stderr.exists() else ""
