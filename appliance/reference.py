@@ -51,10 +51,10 @@ differs.
 
 def plugin_manager(installed: bool = False) -> RackbootPluginManager:
     """The core and Rackboot's own plugins (every installed plugin with ``installed``)."""
-    entry_points = importlib.metadata.entry_points(group=api.ENTRY_POINT_GROUP)
-    if not installed:
-        entry_points = [ep for ep in entry_points if _distribution(ep) == OWN_DISTRIBUTION]
-    return build_plugin_manager(entry_points=entry_points)
+    found = importlib.metadata.entry_points(group=api.ENTRY_POINT_GROUP)
+    return build_plugin_manager(
+        entry_points=[ep for ep in found if installed or _distribution(ep) == OWN_DISTRIBUTION]
+    )
 
 
 def _distribution(ep: importlib.metadata.EntryPoint) -> str:

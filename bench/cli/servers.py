@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from plugins.dhcp.testclient import DhcpClient
+from tests.support.dhcplab import stop_process
 
 HOOKS = Path("/usr/lib/x86_64-linux-gnu/kea/hooks")
 START_TIMEOUT = 30.0
@@ -33,16 +34,6 @@ def wait_until(check, what: str, timeout: float = START_TIMEOUT) -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"bench.cli: {what} not ready within {timeout} s")
         time.sleep(0.05)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
 
 
 class RackbootNode:
@@ -75,7 +66,7 @@ class RackbootNode:
             client.dora(f"52:54:00:00:{n >> 8:02x}:{n & 0xFF:02x}")
 
     def stop(self) -> None:
-        stop(self.proc)
+        stop_process(self.proc)
         self.log.close()
 
 
@@ -140,4 +131,4 @@ class Kea:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            stop(proc)
+            stop_process(proc)
