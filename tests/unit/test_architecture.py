@@ -28,6 +28,7 @@ SANS_IO = [
     "appliance.state.commit",
     "appliance.errors",
     "appliance.compat",
+    "appliance.rolling.plan",
     "appliance.confine",  # the filesystem only: no network, no clock
     "appliance.doctor.findings",
     "appliance.doctor.sockets",
