@@ -110,7 +110,7 @@ def squashfs(root: Path, target: Path, extra: dict[str, str] | None = None) -> P
         (root / path).chmod(0o755)
     try:
         target.unlink(missing_ok=True)
-        run("mksquashfs", root, target, "-comp", "zstd", "-noappend", "-quiet", "-wildcards",
+        run("mksquashfs", root, target, "-comp", "zstd", "-noappend", "-no-progress", "-wildcards",
             "-e", "boot/vmlinuz*", "boot/initrd.img*", "boot/System.map*", "boot/config-*")  # fmt: skip
     finally:
         for path in extra or {}:

@@ -20,7 +20,6 @@ import functools
 import http.server
 import re
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -146,7 +145,9 @@ def check_uefi(out: Path, port: int, accel: str) -> None:
         setup_dialog(vm)
         log(f"UEFI: setup dialog answered ({time.monotonic() - t0:.0f} s after power-on)")
         vm.login()
-        vm.shell("printf '\\n[firmware]\\nhealth_timeout = 30.0\\n' >> /etc/rackboot/rackboot.toml")
+        vm.shell(
+            "printf '\\n[firmware]\\nhealth_timeout = 150.0\\n' >> /etc/rackboot/rackboot.toml"
+        )
         assert "booted slot a" in vm.shell("rackboot firmware status")
         update(vm, port, "1.2")
         vm.child.expect_exact("slot b marked bad", timeout=BOOT)

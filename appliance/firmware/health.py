@@ -32,7 +32,7 @@ def problems(status: Status, health_dir: Path) -> list[str]:
     try:
         core = status().get("core", {})
     except (RackbootError, OSError, ValueError) as exc:
-        return [f"node: {exc}"]
+        return [f"node: {exc}", *hook_problems(health_dir)]
     found = [] if core.get("ready") else ["node: not ready (a service has not started)"]
     cluster = core.get("cluster") or {}
     peers = [p for p in cluster.get("site", []) if not p.get("self")]

@@ -35,6 +35,7 @@ def test_ready_node_peers_and_hooks(tmp_path):
     hook.chmod(0o755)
     (tmp_path / "README").write_text("not executable: not a hook")
     assert problems(lambda: READY, tmp_path) == [f"{hook}: exit 3: image says no"]
+    assert problems(unreachable, tmp_path)[1:] == [f"{hook}: exit 3: image says no"]
 
 
 def test_waiting_ends_healthy_or_at_the_deadline(tmp_path):
