@@ -54,7 +54,7 @@ def test_core_only():
         "rackboot_services",
         "rackboot_status",
     ]
-    assert [s.name for s in collect_sections(pm)] == ["node", "plugins", "cluster", "ha"]
+    assert [s.name for s in collect_sections(pm)] == ["node", "plugins", "cluster", "ha", "firmware"]
 
 
 def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
@@ -70,6 +70,7 @@ def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
         ("plugins", "core"),
         ("cluster", "core"),
         ("ha", "core"),
+        ("firmware", "core"),
         ("good", "good"),
     ]
 
