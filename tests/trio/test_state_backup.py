@@ -13,12 +13,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 from appliance.errors import EXIT_ALREADY_RUNNING, EXIT_FAILURE, EXIT_OK
 from appliance.ha.service import read_durable
-from appliance.state.backup import write_backup
+from appliance.state.backup import restore, write_backup
 from appliance.state.records import Record
 from appliance.state.tables import Tables
+from tests.support.ha import enrol_members
+from tests.trio.test_cluster import wait_until
+from tests.trio.test_ha import actives, rack
 
 MACS = [f"52:54:00:00:00:{n:02x}" for n in range(1, 4)]
 
@@ -75,6 +79,27 @@ def test_a_standalone_node_writes_over_a_log_of_an_elections_epoch(rackboot_node
     node = rackboot_node(plugins=["dhcp"], data=tmp_path / "c")
     node.dhcp.dora(MACS[0])  # an ACK only once its lease's record committed
     assert node.status()["core"]["state"]["epoch"] == 7 and list(leases(node)) == [MACS[0]]
+
+
+async def test_a_rack_restored_from_one_backup_elects_above_its_epoch(tmp_path):
+    """Both appliances restored from a backup of epoch 7, the witness new (it remembers
+    nothing): the election's next epoch is above 7, so the active writes; the standby
+    follows from the same history."""
+    tables = Tables()
+    tables.apply(Record(7, 1, "misc.notes", "k", "from epoch 7"))
+    write_backup(tables, tmp_path / "rack.backup")
+    dirs = enrol_members(tmp_path, ["a", "b", "w"])
+    for name in ("a", "b"):
+        restore(dirs[name], tmp_path / "rack.backup", 0.0)
+    async with rack(tmp_path) as (nodes, _):
+        await wait_until(lambda: len(actives(nodes)) == 1, what="one active")
+        active = nodes[actives(nodes)[0]]
+        standby = next(node for node in nodes.values() if node is not active)
+        with trio.fail_after(5):
+            position = await active.state.put("misc.notes", "after", "the restore")
+        assert position.epoch > 7 and position.lsn == 2
+        await wait_until(lambda: standby.state.position == position, what="the standby")
+        assert standby.state.get("misc.notes", "k") == "from epoch 7"
 
 
 def test_no_node_answering_the_log_on_disk_is_backed_up(rackboot_node, tmp_path):
