@@ -44,15 +44,14 @@ connection to the node's own address has no guard.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from http import HTTPStatus
 from typing import Any
 
 import h11_mypyc as h11
@@ -63,7 +62,10 @@ from appliance.logs import LineBatch, Logger, get_logger
 from .admission import BUSY, HEAD, IDLE
 from .conditional import http_date
 from .files import fit_to_request
+from .head import SimpleHead, parse_head_untrusted
+from .lane import Handover, Lane
 from .messages import FileRegion, Request, Response, Route
+from .responsehead import REASONS, own_head, plain_headers
 from .router import Router
 from .script import BOOT_PREFIX
 from .sendfile import FileChanged, SendTimeout, send_head_and_file
@@ -81,7 +83,7 @@ LINGER_BYTES = 256 << 10
 MAX_UNYIELDED = 16  # requests answered without a wait before the others' turn is forced
 SMALL_FILE = 64 << 10  # read into memory and written with the head in one call
 _split_target = SplitTargets()  # split_target_untrusted, remembered for recent targets
-_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+_GIVEN_UP = Handover()  # _answer_fast: this request is the task's to answer, through h11
 
 
 @dataclass(frozen=True)
@@ -111,33 +113,12 @@ def _body_length(request: Request) -> int | None:
     return int(declared) if declared.isdigit() and len(declared) < 19 else None
 
 
+def _bodyless(request: Request, response: Response) -> bool:
+    return request.method == "HEAD" or response.status == 304 or response.status < 200
+
+
 def _tokens(value: bytes) -> list[bytes]:
     return [token.strip().lower() for token in value.split(b",")]
-
-
-# What h11 would accept in a header it writes (RFC 9110 5.1, 5.5): a token, and a value
-# without control characters but tab. A handler's header outside them goes through h11.
-_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_FIELD_VALUE = re.compile(rb"[^\x00-\x08\x0a-\x1f\x7f]*")
-_FRAMING = (b"content-length", b"transfer-encoding", b"connection")
-
-
-def _plain_headers(headers: list[tuple[bytes, bytes]]) -> bool:
-    """A handler's headers that can be written as they are (no framing of its own)."""
-    for name, value in headers:
-        if (name in _FRAMING or _FIELD_NAME.fullmatch(name) is None
-                or _FIELD_VALUE.fullmatch(value) is None):  # fmt: skip
-            return False
-    return True
-
-
-def _own_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A response head as h11 writes it for a kept-alive HTTP/1.1 exchange whose length
-    is in ``headers`` (or that has no body: HEAD, 304)."""
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
-    lines += [b"%s: %s\r\n" % header for header in headers]
-    lines.append(b"\r\n")
-    return b"".join(lines)
 
 
 class _Date:
@@ -156,6 +137,24 @@ class _Date:
 _date = _Date()
 
 
+def _checked(response: object) -> Response:
+    if not isinstance(response, Response):
+        raise TypeError(f"handler returned {type(response).__name__}, not a Response")
+    return response
+
+
+def _failed(route: Route, exc: Exception) -> Response:
+    log.error("route handler failed", route=route.name or route.pattern,
+              error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+    return Response.error(500)
+
+
+@functools.lru_cache(maxsize=256)
+def _awaits(handler: Callable[..., Any]) -> bool:
+    """An ``async def`` handler: the lane cannot wait for it, the connection's task does."""
+    return inspect.iscoroutinefunction(handler)
+
+
 class Connection:
     def __init__(
         self,
@@ -169,6 +168,7 @@ class Connection:
         guard: Callable[[], bool] | None = None,
         on_phase: Callable[[str], None] | None = None,
         file_served: Callable[[str, str], object] | None = None,
+        lane: Lane | None = None,
     ) -> None:
         self.stream = stream
         self.router = router
@@ -189,6 +189,8 @@ class Connection:
         # The socket's descriptor for reads and writes that need no wait (None: another
         # kind of stream, e.g. a test's memory stream, always goes through trio).
         self.fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+        # Where the connection waits between requests, answered without its task (lane.py).
+        self.lane = lane if self.fd is not None else None
         self.unyielded = 0
         self.reading = trio.CancelScope()  # serve() enters it
         self.phase = "request"  # a new connection owes its first request within request_timeout
@@ -219,15 +221,18 @@ class Connection:
                 self.unyielded = 0
                 await trio.lowlevel.checkpoint()
             pipelined = self._next_cycle()
-            self.phase = "idle"
-            self.deadline = trio.current_time() + self.limits.idle_timeout
-            self.on_phase(IDLE)
+            self._idle(trio.current_time())
             if pipelined:  # a pipelined request is already here
                 self._request_started()
 
+    def _idle(self, now: float) -> None:
+        self.phase = "idle"
+        self.deadline = now + self.limits.idle_timeout
+        self.on_phase(IDLE)
+
     def _next_cycle(self) -> bool:
         """Ready h11 for the next request; whether some of it is here already. After a
-        head written without h11 (``_own_head``) h11 still waits to send one: a new h11
+        head written without h11 (``own_head``) h11 still waits to send one: a new h11
         takes what the old one had read past the request (a pipelined one)."""
         if not self.h11_bypassed:
             self.h11.start_next_cycle()
@@ -252,11 +257,40 @@ class Connection:
         self.on_phase(HEAD)
 
     async def _fill(self) -> None:
-        # Right after an answer the client has not had the time to send more: no read
-        # that would say EAGAIN (a system call and an exception), the wait at once.
-        data: bytes | bytearray | None = None if self.answered else self._read_now()
-        self.answered = False
-        while data is None:  # nothing yet: wait (bounded by the deadline)
+        """More bytes for h11. Between two requests (h11 holding nothing) the common ones
+        are answered without h11 first (``_serve_fast``), and with nothing to read the
+        connection waits in the lane, which answers them too."""
+        while True:
+            # Right after an answer the client has not had the time to send more: no read
+            # that would say EAGAIN (a system call and an exception), the wait at once.
+            data = None if self.answered else self._read_now()
+            self.answered = False
+            if self.lane is None or not self._between_requests():
+                if data is None:
+                    data = await self._wait_and_read()
+                break
+            if data == b"":
+                break
+            handover = await self._park() if data is None else self._serve_fast(data)
+            if handover is None:  # all answered
+                self.answered = True
+                continue
+            if handover.finish is not None:
+                await handover.finish()
+            if handover.data or handover.eof:
+                data = handover.data
+                break
+        if data and self.phase == "idle":
+            self._request_started()
+        self.h11.receive_data(bytes(data))
+
+    def _between_requests(self) -> bool:
+        return self.h11.their_state is h11.IDLE and not self.h11.trailing_data[0]
+
+    async def _wait_and_read(self) -> bytes | bytearray:
+        """Wait for bytes (bounded by the deadline), then read them."""
+        data: bytes | bytearray | None = None
+        while data is None:
             self.reading.deadline = self.deadline  # past it, the wait ends serve() (a timeout)
             try:
                 if self.fd is None:
@@ -270,9 +304,20 @@ class Connection:
             self.unyielded = 0
             if data is None:
                 data = self._read_now()
-        if data and self.phase == "idle":
-            self._request_started()
-        self.h11.receive_data(bytes(data))
+        return data
+
+    async def _park(self) -> Handover:
+        """Wait in the lane until it hands the connection back; a deadline that passes
+        counts only if no request was answered meanwhile (each answer moves it)."""
+        assert self.lane is not None and self.fd is not None
+        while True:
+            with trio.CancelScope(deadline=self.deadline) as waiting:
+                handover = await self.lane.park(self.fd, self._serve_fast)
+            if not waiting.cancelled_caught:
+                self.unyielded = 0
+                return handover
+            if trio.current_time() >= self.deadline:
+                raise _Timeout(self.phase)
 
     def _read_now(self) -> bytes | None:
         """What the socket holds already, without a wait; None if it holds nothing."""
@@ -309,6 +354,100 @@ class Connection:
                 return event
             await self._fill()
 
+    # -- the common request, answered without h11 and without a wait ---------------
+
+    def _serve_fast(self, data: bytes) -> Handover | None:
+        """Answer the requests at the start of ``data`` that need neither h11 nor a wait
+        (at most ``MAX_UNYIELDED``); what is left is the task's (None: nothing)."""
+        start, now = 0, trio.current_time()
+        for _ in range(MAX_UNYIELDED):
+            head = parse_head_untrusted(data, start, self.limits.max_header_bytes)
+            if head is None:
+                break
+            self.request_started = now
+            finish = self._answer_fast(head)
+            if finish is _GIVEN_UP:
+                break
+            start = head.end
+            if finish is not None:
+                self.on_phase(BUSY)  # answering: not to be displaced
+                return Handover(data[start:], finish=finish.finish)
+            self._idle(now)
+            if start == len(data):
+                return None
+        return Handover(data[start:])
+
+    def _answer_fast(self, head: SimpleHead) -> Handover | None:
+        """Answer one parsed request now; None once answered, a handover holding the rest
+        of the answer (a big file, a full socket), or ``_GIVEN_UP`` (nothing done: h11's)."""
+        if self.guard is not None and not self.guard():
+            return _GIVEN_UP  # the task answers 503 and closes
+        request, response, route = self._route(head.method, head.target, head.headers, True)
+        if route is not None:
+            if _awaits(route.handler):
+                return _GIVEN_UP
+            response = self._call_now(route, request)
+            if response is None:
+                return _GIVEN_UP
+        whole_file = response.stat is not None
+        if whole_file:
+            response = fit_to_request(request, response)
+        if not plain_headers(response.headers) or (
+            route is not None and self.guard is not None and not self.guard()
+        ):
+            response.close()  # h11 must frame it, or the lease went: the task does it again
+            return _GIVEN_UP
+        announce = self._announcer(request, response, whole_file)
+        head_bytes, length = self._head(request, response, close=False, own=True)
+        body = self._body(request, response)
+        length = 0 if _bodyless(request, response) else length
+        if isinstance(body, FileRegion):  # a big file: sendfile, by the task
+            return Handover(finish=partial(self._finish_file, request, response, head_bytes,
+                                           announce, length))  # fmt: skip
+        data = head_bytes + body if body else head_bytes
+        try:
+            sent = os.write(self.fd, data)  # type: ignore[arg-type]
+        except BlockingIOError:
+            sent = 0
+        response.close()
+        if sent < len(data):
+            return Handover(finish=partial(self._finish_bytes, request, response.status,
+                                           data[sent:], announce, length))  # fmt: skip
+        self._sent(request, response.status, length, announce)
+        return None
+
+    def _call_now(self, route: Route, request: Request) -> Response | None:
+        """A plain handler's response; None if it returned something to wait for."""
+        try:
+            response = route.handler(request)
+            if inspect.isawaitable(response):
+                if inspect.iscoroutine(response):
+                    response.close()
+                return None
+            return _checked(response)
+        except Exception as exc:
+            return _failed(route, exc)
+
+    async def _finish_bytes(
+        self, request: Request, status: int, rest: bytes, announce: Callable[[], None] | None,
+        length: int,
+    ) -> None:  # fmt: skip
+        await self._send_bytes(rest)
+        self._sent(request, status, length, announce)
+
+    async def _finish_file(
+        self, request: Request, response: Response, head: bytes,
+        announce: Callable[[], None] | None, length: int,
+    ) -> None:  # fmt: skip
+        try:
+            assert response.region is not None
+            await self._send_file(request, head, response.region, announce)
+        finally:
+            response.close()
+        self._sent(request, response.status, length, None)
+
+    # -- a request through h11 ----------------------------------------------------
+
     async def _one_exchange(self) -> bool:
         """Serve one request; whether the connection stays open for another."""
         try:
@@ -325,7 +464,16 @@ class Connection:
             self.stats.malformed += 1
             await self._send_error(431)
             return False
-        request, response, route = self._route(event)
+        method = event.method.decode("ascii", "replace")
+        headers: dict[bytes, bytes] = {}
+        for name, value in event.headers:
+            headers[name] = headers[name] + b", " + value if name in headers else value
+        # as h11 decides it (its _keep_alive): a 1.1 request without "close" in Connection
+        connection = headers.get(b"connection")
+        keep_alive = event.http_version == b"1.1" and (
+            connection is None or b"close" not in _tokens(connection)
+        )
+        request, response, route = self._route(method, event.target, headers, keep_alive)
         declared = _body_length(request)
         fenced = self._not_held()
         if fenced:
@@ -345,15 +493,12 @@ class Connection:
             response.close()
             response, fenced = Response.unavailable(), True
         reusable = self.h11.their_state is h11.DONE and not fenced
-        announce = None
-        if (whole_file and self.file_served is not None and request.method == "GET"
-                and response.status in (200, 206)):  # fmt: skip
-            announce = partial(self._file_served, request)
+        announce = self._announcer(request, response, whole_file)
         try:
             sent = await self._send(request, response, close=not reusable, head_sent=announce)
         finally:
             response.close()
-        self._log(request, response.status, sent)
+        self._sent(request, response.status, sent, None)
         if not reusable:
             await self._linger()
         return reusable and (self.h11_bypassed or self.h11.our_state is h11.DONE)
@@ -365,19 +510,13 @@ class Connection:
         self.stats.fenced += 1
         return True
 
-    def _route(self, event: h11.Request) -> tuple[Request, Response, Route | None]:
-        method = event.method.decode("ascii", "replace")
-        headers: dict[bytes, bytes] = {}
-        for name, value in event.headers:
-            headers[name] = headers[name] + b", " + value if name in headers else value
-        # as h11 decides it (its _keep_alive): a 1.1 request without "close" in Connection
-        connection = headers.get(b"connection")
-        self.keep_alive = event.http_version == b"1.1" and (
-            connection is None or b"close" not in _tokens(connection)
-        )
-        request = Request(method, "", b"", headers, self.client, self.local, target=event.target)
+    def _route(
+        self, method: str, target: bytes, headers: dict[bytes, bytes], keep_alive: bool
+    ) -> tuple[Request, Response, Route | None]:
+        self.keep_alive = keep_alive
+        request = Request(method, "", b"", headers, self.client, self.local, target=target)
         try:
-            request.path, request.query = _split_target(event.target)
+            request.path, request.query = _split_target(target)
         except BadTarget as exc:
             self.stats.malformed += 1
             return request, Response.error(exc.status), None
@@ -422,16 +561,18 @@ class Connection:
             response = route.handler(request)
             if inspect.isawaitable(response):
                 response = await response
-            if not isinstance(response, Response):
-                raise TypeError(f"handler returned {type(response).__name__}, not a Response")
-            return response
+            return _checked(response)
         except Exception as exc:
-            log.error(
-                "route handler failed",
-                route=route.name or route.pattern,
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            return Response.error(500)
+            return _failed(route, exc)
+
+    def _announcer(
+        self, request: Request, response: Response, whole_file: bool
+    ) -> Callable[[], None] | None:
+        """The httpboot_file_served call for a file's GET answered 200 or 206, else None."""
+        if (whole_file and self.file_served is not None and request.method == "GET"
+                and response.status in (200, 206)):  # fmt: skip
+            return partial(self._file_served, request)
+        return None
 
     def _file_served(self, request: Request) -> None:
         """The httpboot_file_served hook, once a file's head has left: the name as the
@@ -444,6 +585,40 @@ class Connection:
         except Exception as exc:
             log.error("file served hook failed", error=f"{type(exc).__name__}: {exc}")
 
+    def _head(
+        self, request: Request, response: Response, close: bool, own: bool | None = None
+    ) -> tuple[bytes, int]:
+        """The head of ``response`` and its body's length. ``own``: written here (see
+        responsehead.py), decided here when None, else through h11."""
+        length = len(response.region) if response.region is not None else len(response.body)
+        headers = [(b"server", SERVER), (b"date", _date.now()), *response.headers]
+        if response.status != 304:
+            headers.append((b"content-length", b"%d" % length))
+        if close:
+            headers.append((b"connection", b"close"))
+        if own is None:
+            own = (not close and self.keep_alive and response.status >= 200
+                   and plain_headers(response.headers))  # fmt: skip
+        if own:  # the common case: no framing for h11 to decide, and it costs ~20 µs
+            self.h11_bypassed = True
+            return own_head(response.status, headers), length
+        head = self.h11.send(
+            h11.Response(status_code=response.status, headers=headers,
+                         reason=REASONS.get(response.status, b""))
+        )  # fmt: skip
+        return head, length
+
+    def _body(self, request: Request, response: Response) -> bytes | FileRegion:
+        """The bytes to write after the head, or a region too big for them (sendfile)."""
+        if _bodyless(request, response):
+            return b""
+        region = response.region
+        if region is None:
+            return response.body
+        if self.fd is not None and len(region) <= SMALL_FILE or not region.count:
+            return self._read_small(request, region)
+        return region
+
     async def _send(
         self,
         request: Request,
@@ -453,48 +628,32 @@ class Connection:
     ) -> int:
         """Send ``response``; the body bytes sent. ``head_sent`` is called once the head
         has left (with the body, for all but a big file)."""
-        bodyless = request.method == "HEAD" or response.status == 304 or response.status < 200
-        length = len(response.region) if response.region is not None else len(response.body)
-        headers = [(b"server", SERVER), (b"date", _date.now()), *response.headers]
-        if response.status != 304:
-            headers.append((b"content-length", b"%d" % length))
-        if close:
-            headers.append((b"connection", b"close"))
-        own = (not close and self.keep_alive and response.status >= 200
-               and _plain_headers(response.headers))  # fmt: skip
-        if own:  # the common case: no framing for h11 to decide, and it costs ~20 µs
-            head = _own_head(response.status, headers)
-            self.h11_bypassed = True
-        else:
-            head = self.h11.send(
-                h11.Response(status_code=response.status, headers=headers,
-                             reason=_REASONS.get(response.status, b""))
-            )  # fmt: skip
-        if response.region is not None and not bodyless and length:
-            if not own:  # h11 counts the region against Content-Length by len(), passes it
+        head, length = self._head(request, response, close)
+        body = self._body(request, response)
+        if not self.h11_bypassed:  # h11 wrote the head: it frames and ends the body too
+            if response.region is None:
+                body = self.h11.send(h11.Data(data=body)) if body else b""
+            elif len(body):  # h11 counts a region against Content-Length by len(), passes it
                 self.h11.send_with_data_passthrough(h11.Data(data=response.region))  # type: ignore[arg-type]
-                self.h11.send(h11.EndOfMessage())
-            if self.fd is not None and length <= SMALL_FILE:
-                await self._send_bytes(head + self._read_small(request, response.region))
-                if head_sent is not None:
-                    head_sent()
-            else:
-                await self._send_file(request, head, response.region, head_sent)
-        elif own:
-            await self._send_bytes(head + response.body if response.body and not bodyless else head)
-            if head_sent is not None:
-                head_sent()
+            end = self.h11.send(h11.EndOfMessage())
+            if response.region is None:
+                body += end
+        if isinstance(body, FileRegion):
+            await self._send_file(request, head, body, head_sent)
         else:
-            data = head
-            if response.body and not bodyless:
-                data += self.h11.send(h11.Data(data=response.body))
-            data += self.h11.send(h11.EndOfMessage())
-            await self._send_bytes(data)
+            await self._send_bytes(head + body if body else head)
             if head_sent is not None:
                 head_sent()
-        sent = 0 if bodyless else length
+        return 0 if _bodyless(request, response) else length
+
+    def _sent(
+        self, request: Request, status: int, sent: int, announce: Callable[[], None] | None
+    ) -> None:
+        """An answer has left: the hook, the counters, the access line."""
+        if announce is not None:
+            announce()
         self.stats.bytes_sent += sent
-        return sent
+        self._log(request, status, sent)
 
     def _read_small(self, request: Request, region: FileRegion) -> bytes:
         """A small region's bytes (from the page cache: boot files are read over and over)."""

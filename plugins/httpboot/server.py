@@ -33,6 +33,7 @@ from appliance.logs import LineBatch, get_logger
 
 from .admission import Admission, Refused
 from .connection import Connection, Limits, access
+from .lane import Lane
 from .router import Router
 from .stats import Stats
 
@@ -102,6 +103,7 @@ class HttpServer:
         # implements it; None costs nothing per request.
         self.file_served: Callable[[str, str], object] | None = None
         self.bound: list[tuple[str, int]] = []
+        self.lane: Lane | None = None  # kept-alive connections between requests, while serving
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners: list[trio.SocketListener] = []
@@ -113,8 +115,10 @@ class HttpServer:
                 await listener.aclose()
             raise
         self.bound = [_name(listener.socket.getsockname()) for listener in listeners]
+        self.lane = Lane()
         try:
             async with trio.open_nursery() as nursery:
+                await nursery.start(self.lane.run)
                 if self.access is not None:
                     nursery.start_soon(self._flush_access)
                 serving = await nursery.start(
@@ -123,6 +127,7 @@ class HttpServer:
                 )  # fmt: skip
                 task_status.started(serving)
         finally:
+            self.lane.close()
             if self.access is not None:
                 self.access.flush()
 
@@ -175,7 +180,7 @@ class HttpServer:
                 guard = None if self.fence is None else self.fence.guard_for(local[0])
                 connection = Connection(
                     stream, self.router, self.limits, self.stats, client, local, self.access or False,
-                    guard, partial(self._phase, conn), self.file_served,
+                    guard, partial(self._phase, conn), self.file_served, self.lane,
                 )  # fmt: skip
                 await connection.serve()
         finally:

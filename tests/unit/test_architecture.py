@@ -56,6 +56,8 @@ SANS_IO = [
     "plugins.httpboot.messages",
     "plugins.httpboot.router",
     "plugins.httpboot.files",
+    "plugins.httpboot.head",
+    "plugins.httpboot.responsehead",
     "plugins.httpboot.script",
     "plugins.httpboot.events",
     "plugins.images.manifest",

@@ -7,7 +7,8 @@ from __future__ import annotations
 import h11_mypyc as h11
 import pytest
 
-from plugins.httpboot.connection import _own_head, _plain_headers
+from plugins.httpboot.responsehead import own_head as _own_head
+from plugins.httpboot.responsehead import plain_headers as _plain_headers
 
 REQUESTS = [
     b"GET /boot/x HTTP/1.1\r\nHost: a\r\n\r\n",
