@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from appliance import __version__
 from appliance.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning, RackbootError, Unreachable
 from appliance.firmware.commands import add_firmware_commands
+from appliance.lab.commands import add_lab_command
 from appliance.logs import get_logger, setup_logging
 from appliance.rolling.commands import add_roll_command
 from appliance.state.commands import add_commands as add_state_commands
@@ -33,6 +34,7 @@ CORE_COMMANDS = frozenset(
     ("run", "status", "config", "plugins", "version", "metrics", "cluster", "setup", "witness")
     + ("firmware", "doctor")
     + ("state",)
+    + ("lab",)
 )
 # Options before the command word that take a value (``--log-level debug``).
 _GLOBAL_OPTIONS_WITH_VALUE = ("--log-format", "--log-level")
@@ -128,6 +130,7 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
     add_firmware_commands(sub, with_config)
     add_roll_command(sub.choices["firmware"], with_config)
     add_doctor_command(sub, with_config)
+    add_lab_command(sub)
 
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): sub}
     for command in extra:

@@ -14,6 +14,7 @@ EXIT_UNREACHABLE = 4  # no node answers on the control socket
 EXIT_ALREADY_RUNNING = 5  # another node holds the data directory
 EXIT_DOCTOR_WARN = 6  # `rackboot doctor`: a check warned, none failed
 EXIT_DOCTOR_FAIL = 7  # `rackboot doctor`: a check failed
+EXIT_LAB_UNAVAILABLE = 8  # `rackboot lab`: cannot run here (root, a program, leftovers)
 
 
 class RackbootError(Exception):
@@ -59,6 +60,12 @@ class AlreadyRunning(RackbootError):
 
 class Unreachable(RackbootError):
     exit_code = EXIT_UNREACHABLE
+
+
+class LabUnavailable(RackbootError):
+    """``rackboot lab`` cannot run here: the text says what is missing and what to do."""
+
+    exit_code = EXIT_LAB_UNAVAILABLE
 
 
 def describe_value(value: object) -> str:

@@ -92,6 +92,12 @@ def netns_exists(name: str) -> bool:
     return os.path.exists(f"/run/netns/{name}")
 
 
+def delete_netns(name: str) -> None:
+    """Delete namespace ``name`` if it exists (what runs in it should have ended first)."""
+    if netns_exists(name):
+        _ip("netns", "del", name)
+
+
 @dataclass
 class Host:
     """One namespace on the lab bridge. ``addr`` is a plain string, handy for argv."""
@@ -144,6 +150,7 @@ class Lab:
         self.prefix = prefix
         # 10.X.Y.0/24 with X in 64..254 keeps clear of the commonly used 10.0/10.1 ranges.
         taken = {other.network for other in avoid}
+        self.network: ipaddress.IPv4Network
         for _ in range(100):
             self.network = ipaddress.IPv4Network(
                 f"10.{64 + secrets.randbelow(191)}.{secrets.randbelow(256)}.0/24"
@@ -292,8 +299,7 @@ class Lab:
         _ip("-n", ns, "link", "set", "lo", "up")
 
     def _del_ns(self, ns: str) -> None:
-        if netns_exists(ns):
-            _ip("netns", "del", ns)
+        delete_netns(ns)
         self.namespaces.remove(ns)
 
     def _next_free(self) -> ipaddress.IPv4Address:

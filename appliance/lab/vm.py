@@ -55,28 +55,30 @@ def missing() -> str | None:
     return None
 
 
-def accelerator() -> tuple[str, str]:
-    """``("tcg" | "kvm", why)``. TCG unless ``$RACKBOOT_NETBOOT_ACCEL=kvm`` and /dev/kvm works.
+def accelerator(want: str | None = None) -> tuple[str, str]:
+    """``("tcg" | "kvm", why)``. TCG unless KVM is asked for (``want``, else
+    ``$RACKBOOT_NETBOOT_ACCEL=kvm``) and /dev/kvm works.
 
     KVM is opt-in because "/dev/kvm creates a VM" does not mean it runs one well:
     on the nested KVM of the machines this project runs on, SeaBIOS took ~6 s to
     print its banner, iPXE ~85 s to start, and the guest then reset; under TCG
     the whole netboot takes ~40 s."""
-    if os.environ.get(ACCEL_ENV, "") != "kvm":
-        return "tcg", f"the default (${ACCEL_ENV}=kvm to try KVM)"
+    asked = f"{want} asked" if want else f"${ACCEL_ENV}={os.environ.get(ACCEL_ENV, '')}"
+    if (want or os.environ.get(ACCEL_ENV, "")) != "kvm":
+        return "tcg", "the default (KVM only when asked for)"
     try:
         fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
-        return "tcg", f"${ACCEL_ENV}=kvm but /dev/kvm: {errno.errorcode.get(exc.errno, exc.errno)}"
+        return "tcg", f"{asked} but /dev/kvm: {errno.errorcode.get(exc.errno or 0, exc)}"
     try:
         if fcntl.ioctl(fd, KVM_GET_API_VERSION) != 12:
-            return "tcg", f"${ACCEL_ENV}=kvm but /dev/kvm speaks an unknown API version"
+            return "tcg", f"{asked} but /dev/kvm speaks an unknown API version"
         os.close(fcntl.ioctl(fd, KVM_CREATE_VM, 0))
     except OSError as exc:
-        return "tcg", f"${ACCEL_ENV}=kvm but /dev/kvm cannot create a VM: {exc}"
+        return "tcg", f"{asked} but /dev/kvm cannot create a VM: {exc}"
     finally:
         os.close(fd)
-    return "kvm", f"${ACCEL_ENV}=kvm and /dev/kvm creates VMs"
+    return "kvm", f"{asked} and /dev/kvm creates VMs"
 
 
 def vm_host(lab: Lab) -> tuple[Host, str]:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.lab.boot import CMDLINE, TFTP_SCRIPT  # both sides boot what the test does
+from appliance.lab.boot import CMDLINE, TFTP_SCRIPT, boot_sections  # as the tests boot
 from bench.http.cli import cpu_seconds
 from bench.netboot import timings
 from plugins.httpboot.script import Machine, Profile, base_url, render_ipxe
@@ -73,17 +73,7 @@ class RackbootSide:
 network = "{lab.network}"
 pools = ["{first}-{last}"]
 {boot}
-[tftp]
-addresses = ["{self.srv.addr}"]
-root = "{tftp_root}"
-[httpboot]
-addresses = ["{self.srv.addr}"]
-root = "{http_root}"
-[[httpboot.profiles]]
-name = "default"
-kernel = "vmlinuz"
-initrd = ["initrd.img"]
-cmdline = "{CMDLINE}"
+{boot_sections(str(http_root), str(tftp_root), address=self.srv.addr)}
 """, ready=("tftp", "httpboot"))  # fmt: skip
 
     def start(self) -> None:

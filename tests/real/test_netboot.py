@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from appliance.lab import debs, initrd, vm
-from appliance.lab.boot import CMDLINE, TFTP_SCRIPT
+from appliance.lab.boot import TFTP_SCRIPT, boot_sections
 from tests.support.dhcplab import Sniffer, bootp_fields
 from tests.support.netboot.node import NetbootNode
 from tests.support.netns import Host, Lab
@@ -103,17 +103,7 @@ def boot(lab: Lab, tmp_path: Path, installer: Installer) -> Iterator:
             network = "{lab.network}"
             pools = ["{net + 100}-{net + 150}"]
             {dhcp_boot}
-            [tftp]
-            addresses = ["{srv.addr}"]
-            root = "{tftp_root}"
-            [httpboot]
-            addresses = ["{srv.addr}"]
-            root = "{http_root}"
-            [[httpboot.profiles]]
-            name = "default"
-            kernel = "vmlinuz"
-            initrd = ["initrd.img"]
-            cmdline = "{CMDLINE}"
+            {boot_sections(str(http_root), str(tftp_root), address=srv.addr)}
             """, ready=("tftp", "httpboot")).start()  # fmt: skip
         sniff = Sniffer(srv, tmp_path)
         host, tap = vm.vm_host(lab)

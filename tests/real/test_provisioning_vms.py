@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from appliance.lab import vm
-from appliance.lab.boot import CMDLINE, TFTP_SCRIPT
+from appliance.lab.boot import CMDLINE, TFTP_SCRIPT, boot_sections
 from tests.real.test_netboot import installer  # noqa: F401 (the fixture)
 from tests.support.ha_lab import Rack
 from tests.support.netboot.node import NetbootNode
@@ -70,17 +70,8 @@ def test_a_failing_and_a_hanging_machine_are_retried_then_replaced_by_spares(
         pools = ["{net + 100}-{net + 150}"]
         [dhcp.boot]
         ipxe_script = "boot.ipxe"
-        [tftp]
-        addresses = ["{srv.addr}"]
-        root = "{tftp_root}"
-        [httpboot]
-        addresses = ["{srv.addr}"]
-        root = "{http_root}"
-        [[httpboot.profiles]]
-        name = "default"
-        kernel = "vmlinuz"
-        initrd = ["initrd.img"]
-        cmdline = "{CMDLINE} {faults}"
+        {boot_sections(str(http_root), str(tftp_root), address=srv.addr,
+                       cmdline=f"{CMDLINE} {faults}")}
         [provisioning]
         retries = 1
         [provisioning.timeouts]
@@ -187,15 +178,7 @@ def test_the_standby_completes_a_provisioning_when_the_active_dies_mid_way(
     rack = Rack(lab, tmp_path / "rack", disabled=(), dhcp=f"""
         [dhcp.boot]
         ipxe_script = "boot.ipxe"
-        [tftp]
-        root = "{tftp_root}"
-        [httpboot]
-        root = "{http_root}"
-        [[httpboot.profiles]]
-        name = "default"
-        kernel = "vmlinuz"
-        initrd = ["initrd.img"]
-        cmdline = "{CMDLINE}"
+        {boot_sections(str(http_root), str(tftp_root))}
         [provisioning]
         retries = 2
         [provisioning.timeouts]

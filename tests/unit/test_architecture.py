@@ -36,6 +36,8 @@ SANS_IO = [
     "appliance.doctor.timechecks",
     "appliance.doctor.rackchecks",
     "appliance.doctor.report",
+    "appliance.lab.census",
+    "appliance.lab.view",
     "plugins.dhcp.options",
     "plugins.dhcp.codec",
     "plugins.dhcp.leases",

@@ -274,6 +274,7 @@ print("HEAVY", ",".join(heavy))
         ["config", "--help"],
         ["firmware", "--help"],
         ["doctor", "--help"],
+        ["lab", "--help"],
     ],
 )
 def test_core_commands_import_neither_trio_nor_plugins(argv):
