@@ -93,7 +93,8 @@ class VirtualRack:
         shutil.copyfile(kernel.image, http / "vmlinuz")
         initrd.build(kernel, debs.busybox(self.settings.cache), http / "initrd.img")
         accel, why = vm.accelerator(self.settings.accel)
-        self.screen.say(f"kernel {kernel.version}, installer initrd built; QEMU {accel} ({why})")
+        self.screen.say(f"kernel {kernel.version}, installer initrd built; QEMU accelerator "
+                        f"{accel}: {why}")  # fmt: skip
         self.lab = Lab(prefix=census.PREFIX, lab_id=self.lab_id)
         self.rack = Rack(
             self.lab, work / "rack", disabled=(), dhcp=rack_settings(http, tftp, sockets)

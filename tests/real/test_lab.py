@@ -29,7 +29,7 @@ from appliance.lab import census, leftovers, packages
 from appliance.lab.netns import new_id
 from tests.support.dhcplab import read_line, stop_process
 
-LAB_TIMEOUT = 600.0  # the whole --once run: ~45 s measured under TCG (two boots)
+LAB_TIMEOUT = 600.0  # the whole --once run: 17-18 s measured under TCG (two boots)
 STARTED = re.compile(r"lab rblab([0-9a-f]{6}): files and logs in")
 
 
