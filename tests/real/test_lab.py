@@ -3,8 +3,9 @@ network namespaces (docs/lab.md).
 
 * ``--once``: the VM boots from the active, the active is killed, the VM boots again
   from the standby, exit 0; nothing of the lab is left afterwards (namespaces, its
-  record, any process of its work directory), and a stale lab planted beforehand (an
-  unlocked record, a namespace with a process in it) was removed first;
+  record, any process of its work directory); a stale lab planted beforehand (an
+  unlocked record, a namespace with a process in it) was removed first, and a running
+  one (its record locked) left alone;
 * a namespace with the lab's prefix that no record owns: refused (exit 8), untouched;
 * Ctrl-C (SIGINT) during the first boot: the lab tears everything down, exit 130.
 
@@ -89,8 +90,25 @@ def stale_lab(netns_available: None) -> Iterator[tuple[str, str, subprocess.Pope
         record.unlink(missing_ok=True)
 
 
+@pytest.fixture
+def running_lab(netns_available: None) -> Iterator[tuple[str, str]]:
+    """Another lab that runs: its record locked (by this process), one namespace."""
+    lab_id = new_id()
+    ns = f"{census.PREFIX}{lab_id}-x"
+    claim = leftovers.claim(lab_id, {"workdir": "", "remove_workdir": False})
+    try:
+        subprocess.run(["ip", "netns", "add", ns], check=True, timeout=10)
+        yield lab_id, ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+        claim.release()
+
+
 def test_once_boots_twice_across_a_failover_and_leaves_nothing(
-    cache: Path, tmp_path: Path, stale_lab: tuple[str, str, subprocess.Popen]
+    cache: Path,
+    tmp_path: Path,
+    stale_lab: tuple[str, str, subprocess.Popen],
+    running_lab: tuple[str, str],
 ) -> None:
     stale_id, stale_ns, sleeper = stale_lab
     work = tmp_path / "lab"
@@ -104,6 +122,9 @@ def test_once_boots_twice_across_a_failover_and_leaves_nothing(
     assert sleeper.wait(timeout=10) is not None
     assert not os.path.exists(f"/run/netns/{stale_ns}")
     assert stale_id not in leftovers.records()
+    # The lab that runs beside it was left alone.
+    assert os.path.exists(f"/run/netns/{running_lab[1]}")
+    assert leftovers.records()[running_lab[0]] is True
     # The story, as the lab tells it, and as the appliances' logs tell it.
     (first,) = re.findall(r"boot 1: installed [\d.]+ s after the request, served by (\w)", out)
     killed, active = re.findall(r"failover [\d.]+ s \((\w) killed, (\w) active", out)[0]
