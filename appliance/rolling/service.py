@@ -62,9 +62,9 @@ class Rolling:
     async def run(self, node: Any, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         handlers = {"roll.state": self._state, "roll.apply": self._apply_asked,
                     "roll.chunk": self._chunk, "roll.start": self._start_asked}  # fmt: skip
-        self.node.cluster.handlers.update(handlers)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.node.cluster.handlers.update(handlers)
             nursery.start_soon(self._drive)
             task_status.started()
 
@@ -84,9 +84,13 @@ class Rolling:
             roll = self.record()
             if roll is None or roll.state != plan.RUNNING or not self.node.fence.ok():
                 continue
-            seen = await self._look(roll)
-            new, actions = plan.step(roll, self.me, seen, time.time())
-            await self._carry_out(new, actions)
+            try:
+                seen = await self._look(roll)
+                new, actions = plan.step(roll, self.me, seen, time.time())
+                await self._carry_out(new, actions)
+            except Exception as exc:  # a bug here must not stop the node: logged, next tick
+                log.error("roll: a look failed", roll=roll.id,
+                          error=f"{type(exc).__name__}: {exc}")  # fmt: skip
 
     async def _look(self, roll: plan.Roll) -> dict[str, plan.Seen]:
         caught_up = self.node.replication.caught_up()
