@@ -247,11 +247,15 @@ class Proposer(LeaseTimes):
         with a ballot above the releasing holder's (``ballot``) if it named us."""
         self.woken = True
         self.ballot = max(self.ballot, ballot)
-        if ballot and self.round is not None and self.round.phase == 1 and not self.holding(now):
-            # Named successor: a round asked before the release (refused busy, or waiting
-            # for an answer to its timeout) is dropped for one asked now; dropping a round
-            # in its first phase is always safe (its late answers no longer match).
-            self.round = None
+        if ballot:
+            # Named successor: the holder asks this node to take over, whatever hold-off an
+            # earlier hand-over of its own left it; a round asked before the release
+            # (refused busy, or waiting for an answer to its timeout) is dropped for one
+            # asked now: dropping a round in its first phase is always safe (its late
+            # answers no longer match).
+            self.holdoff_until = 0.0
+            if self.round is not None and self.round.phase == 1 and not self.holding(now):
+                self.round = None
         if self.round is None and not self.holding(now):
             self.next_round = min(self.next_round, now)
 
