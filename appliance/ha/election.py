@@ -17,6 +17,7 @@ here, at once; its answers come straight back. A witness runs only
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from collections.abc import Mapping
@@ -96,6 +97,8 @@ class Election:
         self._judge(now)
         if isinstance(message, REQUESTS):
             answer = self.acceptor.handle(sender, message, now)
+            if isinstance(answer, Accepted) and self.proposer.maintenance:
+                answer = dataclasses.replace(answer, available=False)
             if answer is not None:
                 self._out.append((address, answer))
             if (

@@ -110,6 +110,9 @@ class Accepted:
     promised_n: int
     promised_by: str
     members: str
+    # The answering appliance would take the lease if handed it (not in maintenance): a
+    # graceful hand-over goes only to one that would. A witness always says so.
+    available: bool = True
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,7 @@ class Proposer(LeaseTimes):
         # the last round (alive, same membership).
         self.caught_up: frozenset[str] | None = None
         self.last_granted_by: frozenset[str] = frozenset()
+        self.in_maintenance: frozenset[str] = frozenset()  # granted it, would not take it
         self.woken = False
         self.ballot = 0
         self._req = (incarnation & 0x7FFFFFFF) << 32
@@ -366,6 +367,8 @@ class Proposer(LeaseTimes):
             return "declared ineligible (it lags the state log)"
         if self.caught_up is not None and who not in self.caught_up:
             return "not caught up with the state log"
+        if who in self.in_maintenance:
+            return "in maintenance: it would not take the lease"
         if not asked and who not in self.last_granted_by:
             return "its acceptor did not grant the last renewal (down, or another membership)"
         return ""
@@ -450,7 +453,9 @@ class Proposer(LeaseTimes):
             return
         self.valid_until, self.epoch = valid_until, rnd.epoch
         self.granted_ineligible = rnd.ineligible
-        self.last_granted_by = frozenset(rnd.accepts or ())
+        accepts = rnd.accepts or {}
+        self.last_granted_by = frozenset(n for n, a in accepts.items() if a.available)
+        self.in_maintenance = frozenset(n for n, a in accepts.items() if not a.available)
         if self.wanted_ineligible != rnd.ineligible:
             self.next_round = now  # the wish changed while this round was out: tell them now
         self.known_epoch = max(self.known_epoch, rnd.epoch)

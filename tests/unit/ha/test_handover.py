@@ -129,6 +129,21 @@ def test_a_hand_over_to_a_dead_standby_keeps_the_lease():
     assert "did not grant the last renewal" in net.nodes[old].status(net.now)["handover"]["note"]
 
 
+def test_a_hand_over_to_a_standby_in_maintenance_keeps_the_lease():
+    """It would never take it: the rack would have no holder until the old one's hold-off
+    ran out (two leases)."""
+    net, old, new = pair()
+    net.nodes[new].set_maintenance(True, net.now)
+    net.run_until(net.now + 0.3)
+    hand_over(net, old)
+    net.run_until(net.now + 1.0)
+    assert net.holders() == [old] and not net.losses()
+    assert "in maintenance" in net.nodes[old].status(net.now)["handover"]["note"]
+    net.nodes[new].set_maintenance(False, net.now)
+    net.run_until(net.now + 0.3)  # its next grant says it would: the hand-over goes
+    assert net.holders() == [new]
+
+
 def test_on_a_standby_the_hand_over_asks_the_holder():
     net, old, new = pair()
     hand_over(net, new)
