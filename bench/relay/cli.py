@@ -59,10 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--unicast",
         action="store_true",
-        help="clients leave the broadcast flag off, so relays unicast replies to yiaddr "
-        "(Rackboot's sets an ARP entry per reply: the kernel's neighbour table, shared by "
-        "every namespace, fills above ~200 new clients/s; see bench/README.md). Default: the "
-        "flag set, replies broadcast on the client link",
+        help="clients leave the broadcast flag off, so relays unicast replies to yiaddr at "
+        "the client's MAC (both as frames through a packet socket; Rackboot's relay without "
+        "CAP_NET_RAW sets an ARP entry per reply, see bench/README.md). Default: the flag "
+        "set, replies broadcast on the client link",
     )
     p.add_argument(
         "--lowlat",

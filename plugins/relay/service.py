@@ -13,9 +13,9 @@ a packet socket instead where it can (linklayer.py: no IP output path, no copy o
 broadcast looped back to local sockets, no ARP entry); without CAP_NET_RAW, on an
 interface that is not Ethernet, or when that socket refuses one, as said before.
 
-Datagrams are relayed in batches: the first after a quiet spell at once, then, while
-more keep coming, all that came every GATHER_SECONDS (a wake-up costs more CPU than
-relaying a datagram), sleeping in trio in between.
+Datagrams are relayed as they come; under load (BUSY_DATAGRAMS within GATHER_SECONDS)
+in batches: all that came every GATHER_SECONDS, sleeping in trio in between (a wake-up
+costs more CPU than relaying a datagram).
 
 With ``when = "active"`` a node that does not hold the rack's lease relays
 nothing: a socket filter makes the kernel drop what arrives.
@@ -57,13 +57,15 @@ log = get_logger("relay")
 RECEIVE_SIZE = MAX_MESSAGE + 1
 # Gathering. Each wake-up costs more than relaying a datagram: a context switch, and the
 # interpreter's caches gone cold while another process ran (Kea, in bench.relay). Woken
-# per datagram, the relay spent more CPU on being woken than on relaying, and woke the
-# server as often. So the first datagram after a quiet spell is relayed at once; while
-# more keep coming, the relay reads them every GATHER_SECONDS, all that came, sleeping in
-# trio in between (its other tasks run). A datagram waits up to that much longer; at
-# 3,500 DORA/s this halved the relay's CPU per exchange and cut the server's by a third
-# (bench/README.md, bench.relay). At most DRAIN_DATAGRAMS per read, then others' turn.
+# per datagram, a busy relay spent more CPU on being woken than on relaying, and woke
+# the server as often. So once BUSY_DATAGRAMS came within GATHER_SECONDS, the relay
+# reads all that came every GATHER_SECONDS, sleeping in trio in between (its other tasks
+# run), as long as that many keep coming; a datagram then waits up to GATHER_SECONDS
+# longer. At 3,500 DORA/s this halved the relay's CPU per exchange and cut the server's
+# by a third (bench/README.md, bench.relay). Fewer are relayed as they come: below ~700
+# DORA/s gathering saved no CPU and only added its wait. At most DRAIN_DATAGRAMS per read.
 GATHER_SECONDS = 0.001
+BUSY_DATAGRAMS = 3
 DRAIN_DATAGRAMS = 256
 
 
@@ -130,12 +132,20 @@ class RelayService:
             set_deaf(self.sock, not relaying)
 
     async def _serve(self, agent: RelayAgent, sock: socket.socket) -> None:
-        """Wait for a datagram and relay it at once; then, while more come, relay all that
-        came every GATHER_SECONDS, until one passed without any."""
+        """Relay datagrams as they come; once BUSY_DATAGRAMS came within GATHER_SECONDS,
+        all that came every GATHER_SECONDS, while that many keep coming."""
+        window_end, count = 0.0, 0  # datagrams read in the window ending then
         while True:
             await trio.lowlevel.wait_readable(sock)
-            while self._drain(agent, sock, DRAIN_DATAGRAMS):
-                await trio.sleep(GATHER_SECONDS)
+            now = trio.current_time()
+            if now >= window_end:
+                window_end, count = now + GATHER_SECONDS, 0
+            count += self._drain(agent, sock, DRAIN_DATAGRAMS)
+            if count >= BUSY_DATAGRAMS:
+                while count >= BUSY_DATAGRAMS:
+                    await trio.sleep(GATHER_SECONDS)
+                    count = self._drain(agent, sock, DRAIN_DATAGRAMS)
+                window_end = 0.0
 
     def _drain(self, agent: RelayAgent, sock: socket.socket, budget: int) -> int:
         """Relay up to ``budget`` datagrams; how many were read (fewer: the socket is

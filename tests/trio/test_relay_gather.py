@@ -1,9 +1,8 @@
 """When the relay reads its socket (plugins/relay/service.py, ``RelayService._serve``), on
-trio's autojump clock: the first datagram after a quiet spell at once; while more come,
-all that came during each GATHER_SECONDS in one read (a wake-up costs more CPU than
-relaying a datagram); back to waiting for the socket once a read found nothing, so a
-quiet relay is never woken. The socket is a real one (trio waits on it); the reads are
-recorded instead of relayed."""
+trio's autojump clock: each datagram as it comes while few come; once BUSY_DATAGRAMS came
+within GATHER_SECONDS, all that came every GATHER_SECONDS (a wake-up costs more CPU
+than relaying a datagram), until fewer come; never a read while nothing comes. The
+socket is a real one (trio waits on it); the reads are recorded instead of relayed."""
 
 from __future__ import annotations
 
@@ -15,10 +14,22 @@ import trio
 from plugins.relay import service
 from plugins.relay.service import RelayService
 
-GATHER = service.GATHER_SECONDS
+G = service.GATHER_SECONDS
+START = 1.0
+# (when, datagrams sent then): datagrams 1-3 within one window, 4-6 during the first
+# gathering wait, 7 alone during the second; then three far apart.
+SENT = [(0.0, 1), (0.4, 1), (0.8, 1), (1.0, 1), (1.2, 1), (1.4, 1), (2.0, 1), (5.0, 1),
+        (7.0, 1), (9.0, 1)]  # fmt: skip
+READS = [
+    (0.0, 1), (0.4, 1), (0.8, 1),  # as they come, until the third within G: busy
+    (1.8, 3),  # gathered G after the third
+    (2.8, 1),  # only one came: as they come again
+    (5.0, 1), (7.0, 1), (9.0, 1),  # more than G apart: never three in a window
+]  # fmt: skip
 
 
-async def test_the_first_datagram_at_once_then_what_came_every_gather(autojump_clock):
+async def test_as_they_come_while_few_gathered_while_busy(autojump_clock):
+    assert service.BUSY_DATAGRAMS == 3  # the schedule below is made for it
     relay = RelayService(lambda: None, 67, 68)  # type: ignore[arg-type, return-value]
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     ours.setblocking(False)
@@ -39,23 +50,13 @@ async def test_the_first_datagram_at_once_then_what_came_every_gather(autojump_c
     with ours, theirs:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(relay._serve, None, ours)
-            await trio.sleep(1.0)
+            await trio.sleep_until(START)
             assert reads == []  # nothing came: never woken
-            theirs.send(b"1")  # at t = 1: relayed at once
-            await trio.sleep(GATHER * 0.25)
-            theirs.send(b"2")
-            theirs.send(b"3")
-            await trio.sleep(GATHER * 0.5)
-            theirs.send(b"4")  # 2, 3 and 4: gathered into one read at 1 + GATHER
-            await trio.sleep(GATHER * 1.0)
-            theirs.send(b"5")  # read at 1 + 2 GATHER; the next read finds nothing
+            for when, count in SENT:
+                await trio.sleep_until(START + when * G)
+                for _ in range(count):
+                    theirs.send(b"x")
             await trio.sleep(10.0)
-            assert len(reads) == 4  # and nothing more while quiet
-            theirs.send(b"6")  # after a quiet spell: at once again
-            await trio.sleep(GATHER * 0.1)
             nursery.cancel_scope.cancel()
-    start = 1.0
-    expected = [(start, 1), (start + GATHER, 3), (start + 2 * GATHER, 1),
-                (start + 3 * GATHER, 0), (start + 1.75 * GATHER + 10.0, 1)]  # fmt: skip
-    assert [count for _, count in reads] == [count for _, count in expected]
-    assert [when for when, _ in reads] == pytest.approx([when for when, _ in expected])
+    assert [count for _, count in reads] == [count for _, count in READS]
+    assert [when for when, _ in reads] == pytest.approx([START + w * G for w, _ in READS])
