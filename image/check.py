@@ -97,9 +97,21 @@ class Vm:
         return self.child.before
 
     def login(self) -> None:
-        self.answer("rackboot login: ", "root")
-        self.answer("Password: ", PASSWORD)
-        self.child.expect_exact(PROMPT, timeout=60)
+        """Root on the console. A prompt already on the screen may belong to a system
+        that is going down (a verdict's reboot): ask again until one answers."""
+        deadline = time.monotonic() + BOOT
+        while time.monotonic() < deadline:
+            self.child.sendline("")
+            try:
+                self.child.expect_exact("rackboot login: ", timeout=30)
+                self.child.sendline("root")
+                self.child.expect_exact("Password: ", timeout=30)
+                self.child.sendline(PASSWORD)
+                self.child.expect_exact(PROMPT, timeout=60)
+                return
+            except pexpect.TIMEOUT:
+                continue
+        raise TimeoutError("no login on the serial console")
 
     def stop(self) -> None:
         if self.child.isalive():
