@@ -91,6 +91,7 @@ def _record_fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 _NEEDS_QUOTES = re.compile(r'[ "=\\\n\t]')
+_KEPT_STRING, _KEPT_STRINGS = 64, 1024  # KeyValueFormatter.line's memory of written strings
 
 
 def _kv_value(value: Any) -> str:
@@ -109,6 +110,8 @@ class KeyValueFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
         self._heads: dict[tuple[str, str, str], str] = {}  # " level=.. logger=.. msg=.."
+        # Short strings as written (quoted or not): a line per request repeats the same few.
+        self._strings: dict[str, str] = {}
 
     def format(self, record: logging.LogRecord) -> str:
         return " ".join([f"{k}={_kv_value(v)}" for k, v in _record_fields(record).items()])
@@ -124,8 +127,17 @@ class KeyValueFormatter(logging.Formatter):
             if len(self._heads) < 256:  # messages are constants in the code
                 self._heads[key] = head
         parts = [f"ts={_timestamp(created)}{head}"]
+        strings = self._strings
         for k, v in fields.items():
-            parts.append(f"{k}_={_kv_value(v)}" if k in _RESERVED else f"{k}={_kv_value(v)}")
+            if type(v) is str and len(v) <= _KEPT_STRING:  # an address, a method, a path
+                text = strings.get(v)
+                if text is None:
+                    if len(strings) >= _KEPT_STRINGS:
+                        strings.clear()
+                    text = strings[v] = _kv_value(v)
+            else:
+                text = int.__repr__(v) if type(v) is int else _kv_value(v)
+            parts.append(f"{k}_={text}" if k in _RESERVED else f"{k}={text}")
         return " ".join(parts)
 
 

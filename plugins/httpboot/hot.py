@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from .beneath import BeneathRoot, plain_name
@@ -54,6 +54,7 @@ class HotFile:
     content: bytes
     headers: list[tuple[bytes, bytes]]  # validators, accept-ranges, content-type
     proved: float  # monotonic time of the last openat2 that reached it
+    heads: dict[bytes, bytes] = field(default_factory=dict)  # the 200's head by Date
 
 
 class HotFiles:

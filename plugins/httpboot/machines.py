@@ -155,8 +155,10 @@ class Machines:
     def reusable(self, mac: str, address: str, standing: Standing) -> Boot | None:
         """The current boot, if this script is served under the lease it was served under
         (a second fetch of the same boot): no new record, the same token."""
+        if standing.lease is None:  # no lease to tell this fetch from the last one's
+            return None
         boot = self.boot(mac)
-        if boot is None or standing.lease is None:
+        if boot is None:
             return None
         return boot if (boot.address, boot.lease) == (address, standing.lease) else None
 

@@ -65,6 +65,8 @@ class Response:
     region: FileRegion | None = None
     # A whole file (Response.file) before Range and conditional requests are applied.
     stat: os.stat_result | None = None
+    # A kept file's whole-answer heads by Date (Response.kept): the same bytes each second.
+    heads: dict[bytes, bytes] | None = None
 
     @classmethod
     def json(cls, document: Any, status: int = 200) -> Response:
@@ -104,11 +106,16 @@ class Response:
 
     @classmethod
     def kept(
-        cls, content: bytes, stat: os.stat_result, headers: list[tuple[bytes, bytes]]
+        cls,
+        content: bytes,
+        stat: os.stat_result,
+        headers: list[tuple[bytes, bytes]],
+        heads: dict[bytes, bytes] | None = None,
     ) -> Response:
         """A whole file's bytes, kept in memory with its validators and content type in
-        ``headers``; the server applies Range and conditional requests (hot.py)."""
-        return cls(200, headers, content, stat=stat)
+        ``headers``; the server applies Range and conditional requests (hot.py). ``heads``:
+        where the server keeps the head of the whole answer, made once a second."""
+        return cls(200, headers, content, stat=stat, heads=heads)
 
     def close(self) -> None:
         if self.region is not None:

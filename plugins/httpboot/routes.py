@@ -122,14 +122,14 @@ class BuiltinRoutes:
         name = request.params["path"]
         hot = self.hot.get(name)  # a small file kept, still the same (hot.py)
         if hot is not None:
-            return Response.kept(hot.content, hot.stat, hot.headers)
+            return Response.kept(hot.content, hot.stat, hot.headers, hot.heads)
         opened = self.beneath.open(name)  # a regular file under the root
         if opened is not None:
             hot = self.hot.keep(name, *opened)
             if hot is None:
                 return Response.file(*opened)
             opened[0].close()
-            return Response.kept(hot.content, hot.stat, hot.headers)
+            return Response.kept(hot.content, hot.stat, hot.headers, hot.heads)
         try:  # anything else: the one answer of the full resolution (404, 403 or the file)
             handle, st = confine.open_confined(self.root, request.params["path"])
         except (confine.NotFound, FileNotFoundError, NotADirectoryError):

@@ -82,13 +82,19 @@ def _file_urls(profile: Profile, base: str) -> tuple[str, tuple[str, ...]]:
 
 
 def render_ipxe(machine: Machine) -> str:
-    profile = machine.profile
-    lines = ["#!ipxe", f"# rackboot machine {machine.mac} profile {profile.name}"]
+    before, after = _around_token(machine.mac, machine.profile, machine.base_url)
+    return before if after is None else before + machine.token + after
+
+
+@functools.lru_cache(maxsize=1024)
+def _around_token(mac: str, profile: Profile, base: str) -> tuple[str, str | None]:
+    """A machine's script but its token (last on the kernel line), made once: only the
+    token changes from one boot to the next (None: no kernel, no token)."""
+    lines = ["#!ipxe", f"# rackboot machine {mac} profile {profile.name}"]
     if not profile.kernel:
         lines.append("exit")  # back to the firmware: the next boot device (the local disk)
-        return "\n".join(lines) + "\n"
-    kernel, initrds = _file_urls(profile, machine.base_url)
-    lines.append(f"kernel {kernel} {kernel_arguments(machine)}")
-    lines.extend(f"initrd {url}" for url in initrds)
-    lines.append("boot")
-    return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n", None
+    kernel, initrds = _file_urls(profile, base)
+    lines.append(f"kernel {kernel} {kernel_arguments(Machine(mac, profile, base, ''))}")
+    after = [f"initrd {url}" for url in initrds]
+    return "\n".join(lines), "\n" + "\n".join([*after, "boot"]) + "\n"

@@ -16,6 +16,7 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 
+from plugins.httpboot import answering as answering_module
 from plugins.httpboot.connection import Connection, Limits
 from plugins.httpboot.lane import Lane
 from plugins.httpboot.messages import Request, Response, Route
@@ -53,10 +54,29 @@ def echo(request: Request) -> Response:
     return Response.text(f"got {request.body.decode()}")
 
 
+async def framed(request: Request) -> Response:
+    """Awaits, and sets a framing header of its own: h11 must write the head."""
+    await trio.sleep(0)
+    reply = Response.text("framed")
+    reply.headers.append((b"connection", b"keep-alive"))
+    return reply
+
+
+HELD = [True]  # what the guard of a connection to the VIP says
+
+
+async def lease_lost(request: Request) -> Response:
+    HELD[0] = False  # while the handler awaits
+    await trio.sleep(1)
+    return Response.text("too late")
+
+
 def router(root: Path) -> Router:
     builtin = builtin_routes(root)
+    builtin.hot.fresh_seconds = 0  # kept at once (its ctime is the test's)
     return Router([Route("GET", "/text/{name}", text), Route("GET", "/slow/{name}", slowly),
-                   Route("POST", "/echo", echo, max_body=100),
+                   Route("POST", "/echo", echo, max_body=100), Route("GET", "/framed", framed),
+                   Route("GET", "/lease-lost", lease_lost),
                    Route("GET", "/files/{path:path}", static(root)), *builtin.files()])  # fmt: skip
 
 
@@ -64,8 +84,6 @@ def router(root: Path) -> Router:
 def root(tmp_path: Path) -> Path:
     (tmp_path / "small.bin").write_bytes(SMALL)
     (tmp_path / "big.bin").write_bytes(BIG)
-    past = os.stat(tmp_path / "small.bin").st_mtime - 10
-    os.utime(tmp_path / "small.bin", (past, past))  # old enough to be kept in memory
     return tmp_path
 
 
@@ -84,7 +102,9 @@ class Lab:
         self.nursery, self.lane, self.router = nursery, lane, router(root)
         self.stats, self.access = Stats(), AccessLines()
 
-    def connect(self, limits: Limits = Limits(), guard=None) -> tuple[Client, Connection, socket.socket]:
+    def connect(
+        self, limits: Limits = Limits(), guard=None
+    ) -> tuple[Client, Connection, socket.socket]:
         client_sock, server_sock = trio.socket.socketpair()
         connection = Connection(
             trio.SocketStream(server_sock), self.router, limits, self.stats, ("10.0.0.5", 1234),
@@ -193,7 +213,6 @@ async def test_what_the_lane_leaves_is_answered_by_the_task(root, autojump_clock
         reply = await client.request("GET", "/text/c", [("connection", "close")])
         assert reply.status == 200 and reply.header(b"connection") == b"close"
         assert await client.closed_by_server()
-        assert here.lane.answered_parked == 1  # /text/b only
         assert [line["status"] for line in here.access.lines] == [200, 200, 200, 206, 200, 200]
 
 
@@ -209,21 +228,50 @@ async def test_an_answer_the_socket_cannot_take_at_once_is_finished_by_the_task(
         for _ in range(3):
             reply = await client.request("GET", "/files/sixty.bin")
             assert (reply.status, reply.body) == (200, expected)
-        assert here.lane.parks == 4 and here.lane.answered_parked == 0  # each handed back
+        assert here.lane.parks == 4  # each handed back to the task to finish, then parked again
         assert here.stats.bytes_sent == len(b"text a") + 3 * len(expected)
 
 
-async def test_a_connection_to_the_vip_is_fenced_in_the_lane_too(root, autojump_clock):
-    held = [True]
+@pytest.mark.parametrize("target", ["/boot/small.bin", "/lease-lost"])
+async def test_a_connection_to_the_vip_is_fenced_in_the_lane_too(root, autojump_clock, target):
+    """Before the handler (the lane), or while an awaiting handler runs (the task, for a
+    request it did not parse itself: h11 writes the 503 and the close)."""
+    HELD[0] = True
     async with lab(root) as here:
-        client, _, _ = here.connect(guard=lambda: held[0])
+        client, _, _ = here.connect(guard=lambda: HELD[0])
         assert (await client.request("GET", "/text/a")).status == 200
         assert (await client.request("GET", "/boot/small.bin")).status == 200
-        held[0] = False
-        reply = await client.request("GET", "/boot/small.bin")
+        HELD[0] = target == "/lease-lost"
+        reply = await client.request("GET", target)
         assert reply.status == 503 and reply.header(b"connection") == b"close"
         assert await client.closed_by_server()
         assert here.stats.fenced == 1
+
+
+async def test_a_kept_files_head_is_made_once_a_second(root, autojump_clock, monkeypatch):
+    class Clock:
+        date = b"Tue, 01 Dec 2026 10:00:00 GMT"
+
+        def now(self) -> bytes:
+            return self.date
+
+    clock = Clock()
+    monkeypatch.setattr(answering_module, "_date", clock)
+    async with lab(root) as here:
+        client, _, _ = here.connect()
+        seen = []
+        for date in [b"Tue, 01 Dec 2026 10:00:00 GMT"] * 2 + [b"Tue, 01 Dec 2026 10:00:01 GMT"]:
+            clock.date = date
+            for method in ("GET", "HEAD"):
+                reply = await client.request(method, "/boot/small.bin")
+                assert reply.status == 200 and reply.header(b"date") == date
+                assert reply.body == (SMALL if method == "GET" else b"")
+                assert reply.header(b"content-length") == b"%d" % len(SMALL)
+                seen.append(reply.headers)
+        assert seen[0] == seen[1] == seen[2] == seen[3] != seen[4]
+        assert {k: v for k, v in seen[4].items() if k != b"date"} == {
+            k: v for k, v in seen[0].items() if k != b"date"
+        }
 
 
 # -- the same bytes whichever way a request goes ----------------------------------------
@@ -245,13 +293,19 @@ async def _exchange(root: Path, data: bytes, with_lane: bool) -> tuple[bytes, li
         with contextlib.suppress(trio.BrokenResourceError):
             while chunk := await client.stream.receive_some(1 << 16):
                 received += chunk
-        return _DATE.sub(b"\r\ndate: -\r\n", bytes(received)), here.access.lines, dict(here.stats.requests)
+        return (
+            _DATE.sub(b"\r\ndate: -\r\n", bytes(received)),
+            here.access.lines,
+            dict(here.stats.requests),
+        )
 
 
 def _same_either_way(root: Path, data: bytes) -> None:
     clock = trio.testing.MockClock(autojump_threshold=0)
     lane = trio.run(_exchange, root, data, True, clock=clock)
-    h11_only = trio.run(_exchange, root, data, False, clock=trio.testing.MockClock(autojump_threshold=0))
+    h11_only = trio.run(
+        _exchange, root, data, False, clock=trio.testing.MockClock(autojump_threshold=0)
+    )
     assert lane == h11_only, data
 
 
@@ -274,6 +328,10 @@ def test_the_lane_answers_what_h11_alone_answers(root, data):
         CURL.replace(b"/boot/small.bin", b"/echo"),  # 405
         CURL.replace(b"/boot/small.bin", b"/files/big.bin") + CURL,
         CURL.replace(b"/boot/small.bin", b"/slow/x") + CURL,
+        CURL.replace(b"/boot/small.bin", b"/slow/x") + CURL.replace(b"GET", b"HEAD"),
+        CURL.replace(b"/boot/small.bin", b"/framed") + CURL,
+        CURL.replace(b"GET /boot/small.bin", b"HEAD /framed") + CURL,
+        CURL.replace(b"/boot/small.bin", b"/slow/x") + b"GET /text/a HTTP/1.0\r\n\r\n",
         CURL + b"GET /text/a HTTP/1.0\r\n\r\n",
         CURL + CURL[:20],
     ],

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 import pytest
 
 from plugins.httpboot.identity import (
@@ -46,6 +49,18 @@ def test_token_is_per_machine_per_boot_and_per_secret():
     assert token != machine_token(b"t" * 32, "52:54:00:12:34:56", "n1")
     # a boundary between MAC and nonce: no other pair makes the same message
     assert machine_token(SECRET, "52:54:00:12:34:5", "6n1") != token
+
+
+def test_the_token_is_the_hmac_every_release_computes():
+    """A standby of another release must accept the active's tokens: HMAC-SHA256 of the
+    context, the MAC and the nonce, its first 32 hex digits."""
+    message = b"rackboot events v2\0" + b"52:54:00:12:34:56\0n1"
+    expected = hmac.new(SECRET, message, hashlib.sha256).hexdigest()[:32]
+    assert machine_token(SECRET, "52:54:00:12:34:56", "n1") == expected
+    assert (
+        machine_token(b"t" * 32, "52:54:00:12:34:56", "n1")
+        == (hmac.new(b"t" * 32, message, hashlib.sha256).hexdigest()[:32])
+    )
 
 
 @pytest.mark.parametrize(
