@@ -81,7 +81,12 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     from appliance import control
-    from appliance.firmware.health import wait_healthy
+    from appliance.firmware.health import (
+        refused_configuration,
+        service_gave_up,
+        systemd_show,
+        wait_healthy,
+    )
     from appliance.firmware.schema import FIRMWARE
     from appliance.loader import node_settings, resolve_source, section_settings
 
@@ -95,9 +100,13 @@ def cmd_health(args: argparse.Namespace) -> int:
         return EXIT_OK
     socket = node.control_socket or f"{node.data_dir}/control.sock"
     timeout = args.timeout if args.timeout is not None else settings.health_timeout
-    found = wait_healthy(lambda: control.call(socket, "status"), Path(settings.health_dir), timeout)
+    refused = refused_configuration(source.path) if source.path else []
+    verdict = wait_healthy(lambda: control.call(socket, "status"), Path(settings.health_dir),
+                           timeout, definite=lambda: refused or service_gave_up(systemd_show))  # fmt: skip
+    found = verdict.problems
     for problem in found:
-        print(f"unhealthy: {problem}", file=sys.stderr)
+        print(f"unhealthy{' (for good: not waiting)' if verdict.definite else ''}: {problem}",
+              file=sys.stderr)  # fmt: skip
     back = firmware.judge(not found)
     print(f"slot {booted} marked {'bad' if found else 'good'}")
     if back and not args.no_reboot:
