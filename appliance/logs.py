@@ -61,13 +61,17 @@ class _Timestamps:
 
     def __init__(self) -> None:
         self._second, self._text = -1, ""
+        self._msecs, self._last = -1, ""  # the last line's: lines come many a millisecond
 
     def __call__(self, created: float) -> str:
         second = int(created)
+        msecs = int((created - second) * 1000)
         if second != self._second:
             self._text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._second = second
-        return f"{self._text}.{int((created - second) * 1000):03d}Z"
+            self._second, self._msecs = second, -1
+        if msecs != self._msecs:
+            self._msecs, self._last = msecs, f"{self._text}.{msecs:03d}Z"
+        return self._last
 
 
 _timestamp = _Timestamps()
@@ -110,8 +114,8 @@ class KeyValueFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
         self._heads: dict[tuple[str, str, str], str] = {}  # " level=.. logger=.. msg=.."
-        # Short strings as written (quoted or not): a line per request repeats the same few.
-        self._strings: dict[str, str] = {}
+        # Short strings and floats as written (quoted or not): lines repeat the same few.
+        self._strings: dict[str | float, str] = {}
 
     def format(self, record: logging.LogRecord) -> str:
         return " ".join([f"{k}={_kv_value(v)}" for k, v in _record_fields(record).items()])
@@ -129,7 +133,8 @@ class KeyValueFormatter(logging.Formatter):
         parts = [f"ts={_timestamp(created)}{head}"]
         strings = self._strings
         for k, v in fields.items():
-            if type(v) is str and len(v) <= _KEPT_STRING:  # an address, a method, a path
+            if (type(v) is str and len(v) <= _KEPT_STRING) or type(v) is float:  # an
+                # address, a method, a path, a duration: a line per request repeats them
                 text = strings.get(v)
                 if text is None:
                     if len(strings) >= _KEPT_STRINGS:

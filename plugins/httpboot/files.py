@@ -39,10 +39,10 @@ def fit_to_request(request: Request, response: Response) -> Response:
     st, body = response.stat, response.region
     if st is None or response.status != 200:
         return response
+    if body is None and not any(name in request.headers for name in _ASKS):
+        return response  # in memory, its headers made once, nothing asked of them
     validators = Validators.of_file(st.st_size, st.st_mtime_ns, st.st_ino)
-    if body is None:  # in memory, its headers made once
-        if not any(name in request.headers for name in _ASKS):
-            return response
+    if body is None:
         headers = response.headers
     else:
         headers = [

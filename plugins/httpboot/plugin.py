@@ -61,6 +61,7 @@ log = get_logger("httpboot")
 _NAME = r"[A-Za-z0-9_.-]{1,64}"
 _MAC = r"[0-9a-fA-F]{2}([-:])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}"
 _NO_SPACE = r"[^\s]*"
+_SERVED_ARGS = ("path", "client")  # httpboot_file_served's arguments, in its order
 
 _PROFILE = {
     "name": Field(Str(_NAME, "a profile name (letters, digits, _ . -)"), example="default"),
@@ -302,6 +303,29 @@ class HttpBootPlugin:
         }
 
 
+def file_served_caller(hook: Any) -> Callable[[str, str], object] | None:
+    """``httpboot_file_served`` as a plain function, or None if no plugin implements it.
+    Without wrappers the implementations are called directly, as pluggy calls them (the
+    last registered first, each with the arguments it names, an exception stopping the
+    rest): pluggy's own call cost ~2 µs on every file served."""
+    impls = hook.get_hookimpls()
+    if not impls:
+        return None
+    if any(impl.hookwrapper or impl.wrapper for impl in impls):  # pluggy's to run
+        return lambda path, client: hook(path=path, client=client)
+    calls = [(impl.function, impl.argnames) for impl in reversed(impls)]
+
+    def served(path: str, client: str) -> None:
+        for function, names in calls:
+            if names == _SERVED_ARGS:
+                function(path, client)
+            else:
+                given = {"path": path, "client": client}
+                function(*[given[name] for name in names])
+
+    return served
+
+
 class _Service:
     """One node's HTTP service: server, event store, counters."""
 
@@ -385,10 +409,7 @@ class _Service:
         """The httpboot_file_served hook, or None if no plugin implements it (asked once:
         the connection then skips it at no cost)."""
         assert self.plugin.pm is not None
-        hook = self.plugin.pm.hook.httpboot_file_served
-        if not hook.get_hookimpls():
-            return None
-        return lambda path, client: hook(path=path, client=client)
+        return file_served_caller(self.plugin.pm.hook.httpboot_file_served)
 
     async def run(self, node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if self.plugin.settings.secret_file:

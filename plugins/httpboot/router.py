@@ -7,7 +7,7 @@ another method gets 405 and ``Allow``; no match at all is 404.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .messages import Route
 
@@ -33,8 +33,7 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(NamedTuple):  # a tuple: made for every request, ~3x cheaper than a dataclass
     route: Route | None
     params: dict[str, str]
     allowed: tuple[str, ...] = ()  # for 405, when route is None

@@ -35,14 +35,29 @@ def tree():
 def test_a_batched_line_is_the_handlers_line(tree, fmt, fields):
     stream = io.StringIO()
     setup_logging(fmt, "info", stream)
-    get_logger("httpboot.access").info("request", **fields)
+    for _ in range(2):  # the second time from what the formatter keeps of the first
+        get_logger("httpboot.access").info("request", **fields)
     direct = stream.getvalue()
     stream.truncate(0), stream.seek(0)
     batch = LineBatch(get_logger("httpboot.access"))
-    batch.info("request", **fields)
+    for _ in range(2):
+        batch.info("request", **fields)
     assert stream.getvalue() == ""  # not yet
     batch.flush()
     assert _TS.sub(r"\1T", stream.getvalue()) == _TS.sub(r"\1T", direct)
+
+
+def test_more_strings_than_the_formatter_keeps(tree):
+    stream = io.StringIO()
+    setup_logging("kv", "info", stream)
+    batch = LineBatch(get_logger("httpboot.access"), max_lines=10_000)
+    targets = [f"/boot/{n}" + (" x" if n % 3 else "") for n in range(3000)] * 2
+    for n, target in enumerate(targets):
+        batch.info("request", target=target, ms=n / 10)
+    batch.flush()
+    for line, (n, target) in zip(stream.getvalue().splitlines(), enumerate(targets), strict=True):
+        written = f'"{target}"' if " " in target else target
+        assert line.endswith(f" target={written} ms={n / 10!r}")
 
 
 def test_lines_leave_at_a_flush_or_when_max_lines_wait(tree):
