@@ -117,6 +117,11 @@ def build_parser(extra: list[CliCommand] = ()) -> argparse.ArgumentParser:
         "--answers", metavar="FILE", help="answers from a TOML or JSON file (docs/setup.md)"
     )
     setup.add_argument("--no-start", action="store_true", help="do not start the service")
+    setup.add_argument(
+        "--network-dir", metavar="DIR",
+        help="write the systemd-networkd files here (default: only where the system reads "
+        "them, as on the images; docs/setup.md)",
+    )  # fmt: skip
     setup.set_defaults(func=cmd_setup)
     witness = with_config(
         sub.add_parser(

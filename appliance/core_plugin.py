@@ -13,6 +13,7 @@ from appliance.ha import plugin as ha
 from appliance.ha.schema import SECTION as _HA
 from appliance.nodesection import NODE as _NODE
 from appliance.rolling import plugin as rolling
+from appliance.setup import networkd
 from appliance.state import plugin as state
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 @hookimpl
 def rackboot_config_schema() -> list[Section]:
-    return [_NODE, _PLUGINS, _CLUSTER, _HA, _FIRMWARE]
+    return [_NODE, _PLUGINS, _CLUSTER, _HA, _FIRMWARE, networkd.NETWORK]
 
 
 _PLUGINS = Section(
@@ -120,6 +121,7 @@ def rackboot_control_commands(node: Node) -> dict[str, Any]:
 @hookimpl
 def rackboot_configure(config) -> None:
     ha.configure(config)
+    networkd.check(config["network"], config.source)
 
 
 @hookimpl

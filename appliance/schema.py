@@ -136,6 +136,23 @@ class IPv4Network(Kind):
         return _toml_scalar(str(value))
 
 
+class IPv4Interface(Kind):
+    """An address with its network's prefix length, as an interface carries it."""
+
+    expected = "an IPv4 address with its prefix length such as '192.0.2.10/24'"
+
+    def check(self, value, source, keypath):
+        if not isinstance(value, str) or "/" not in value:
+            self.fail(value, source, keypath)
+        try:
+            return ipaddress.IPv4Interface(value)
+        except ValueError:
+            self.fail(value, source, keypath)
+
+    def to_toml(self, value):
+        return _toml_scalar(str(value))
+
+
 class List(Kind):
     def __init__(self, item: Kind, max_items: int = 4096):
         self.item = item
@@ -283,7 +300,7 @@ def _plain(value: Any) -> Any:
         return value.to_plain()
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
-    if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv4Network):
+    if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv4Network | ipaddress.IPv4Interface):
         return str(value)
     return value
 

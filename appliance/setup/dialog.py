@@ -23,7 +23,7 @@ from appliance.config import (
     read_document,
 )
 from appliance.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, RackbootError
-from appliance.setup import system, tomlwrite
+from appliance.setup import netapply, system, tomlwrite
 from appliance.setup.questions import Answers, Ask, Current, Invalid, apply, collect
 
 MAX_LINE = 4096  # one answer; a token is about 200 characters
@@ -212,7 +212,8 @@ def _setup(args: argparse.Namespace, path: Path, console: Console, written: list
         answers = collect(asker.ask, current, interfaces, enrolled=enrolled, now=time.time())
         if isinstance(asker, AnswersFile):
             asker.check_every_key_asked()
-        text = tomlwrite.dumps(apply(doc, answers), HEADER)
+        written_doc = apply(doc, answers)
+        text = tomlwrite.dumps(written_doc, HEADER)
         check_config(text, path, answers)
         console.say(f"\nThe configuration ({path}):\n")
         console.say(text)
@@ -226,6 +227,9 @@ def _setup(args: argparse.Namespace, path: Path, console: Console, written: list
     written.append(path)
     console.say(f"Wrote {path}.")
     code = _cluster(path, answers, console)
+    if code == EXIT_OK:
+        network_dir = Path(args.network_dir) if args.network_dir else None
+        code = netapply.step(path, written_doc.get("network", {}), network_dir, console.say)
     return _start(path, args.no_start, console) if code == EXIT_OK else code
 
 

@@ -1,5 +1,6 @@
-"""The setup dialog's questions, their validation and what they change (pure: no terminal,
-no files, no clock; the driver in :mod:`appliance.setup.dialog` asks and answers).
+"""The setup dialog's questions in order, and what the answers change in the document
+(pure: no terminal, no files, no clock; the driver in :mod:`appliance.setup.dialog` asks
+and answers, :mod:`.checks` checks each answer).
 
 :func:`collect` asks every question through one ``ask`` callable, which returns the
 checked value of an :class:`Ask` (the terminal re-asks on :class:`Invalid`, the answers
@@ -11,25 +12,33 @@ about is kept as it was.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
-from appliance.cluster.jointoken import TokenError, decode_untrusted
 from appliance.cluster.schema import DEFAULT_PORT as CLUSTER_PORT
-from appliance.nodesection import NAME_PATTERN
+from appliance.setup.checks import (
+    Interface,
+    Invalid,
+    Management,
+    Provisioning,
+    check_cluster_choice,
+    check_gateway,
+    check_interface,
+    check_interfaces,
+    check_management_address,
+    check_name,
+    check_network,
+    check_own_address,
+    check_pools,
+    check_router,
+    check_token,
+    check_vip,
+    subnet_of,
+)
 
-NONE_WORDS = ("none", "-")  # what an operator types for "no router", "no virtual IP"
-
-
-class Invalid(ValueError):
-    """An answer refused; ``expected`` says what would be accepted, as config errors do."""
-
-    def __init__(self, expected: str) -> None:
-        super().__init__(expected)
-        self.expected = expected
+__all__ = ["Answers", "Ask", "Current", "Interface", "Invalid", "apply", "collect"]
 
 
 @dataclass(frozen=True)
@@ -41,179 +50,14 @@ class Ask:
 
 
 @dataclass(frozen=True)
-class Interface:
-    name: str
-    state: str  # operstate: up, down, unknown...
-    mac: str
-
-
-@dataclass(frozen=True)
-class Provisioning:
-    interface: str
-    network: IPv4Network
-    pools: tuple[tuple[IPv4Address, IPv4Address], ...]
-    router: IPv4Address | None
-
-
-@dataclass(frozen=True)
 class Answers:
     name: str
     rack: str
-    management: IPv4Address
+    management: Management
     provisioning: tuple[Provisioning, ...]
     vip: IPv4Address | None
     cluster: str  # 'new', 'join' or 'keep'
     token: str | None = None
-
-
-# -- validators: text in, value out, Invalid with the expectation otherwise -----------
-
-
-def check_name(text: str, what: str = "name") -> str:
-    if not re.fullmatch(NAME_PATTERN, text):
-        raise Invalid(f"a {what} of letters, digits, '.', '_' or '-', starting with a letter "
-                      "or digit (at most 63)")  # fmt: skip
-    return text
-
-
-def check_address(text: str) -> IPv4Address:
-    try:
-        address = IPv4Address(text)
-    except ValueError:
-        raise Invalid("an IPv4 address such as 192.0.2.10") from None
-    if (
-        address.is_unspecified
-        or address.is_multicast
-        or address.is_loopback
-        or (address == IPv4Address("255.255.255.255"))
-    ):
-        raise Invalid("a unicast IPv4 address (not 0.0.0.0, loopback, multicast or broadcast)")
-    return address
-
-
-def check_network(text: str) -> IPv4Network:
-    if "/" not in text:
-        raise Invalid("a subnet in CIDR notation such as 192.0.2.0/24 (address/prefix length)")
-    try:
-        network = IPv4Network(text, strict=False)
-    except ValueError:
-        raise Invalid("a subnet in CIDR notation such as 192.0.2.0/24") from None
-    if str(network) != text:
-        raise Invalid(f"the subnet's network address, {network} ({text} has host bits set)")
-    if network.prefixlen > 30:
-        raise Invalid("a prefix length of at most /30 (room for machines and a pool)")
-    return network
-
-
-def check_interfaces(text: str, known: Sequence[Interface]) -> tuple[str, ...]:
-    names = tuple(n for n in re.split(r"[\s,]+", text) if n)
-    available = ", ".join(i.name for i in known) or "none"
-    if not names:
-        raise Invalid(f"one or more interface names, separated by commas (here: {available})")
-    for name in names:
-        if name not in {i.name for i in known}:
-            raise Invalid(f"interfaces of this machine ({available}); there is no {name!r}")
-    if len(set(names)) != len(names):
-        raise Invalid("each interface once")
-    return names
-
-
-def _host_in(address: IPv4Address, network: IPv4Network, what: str) -> IPv4Address:
-    if address not in network:
-        raise Invalid(f"{what} inside {network} ({address} is not)")
-    if address in (network.network_address, network.broadcast_address):
-        raise Invalid(f"{what} inside {network}, not its network or broadcast address")
-    return address
-
-
-def in_pools(address: IPv4Address, pools: Sequence[tuple[IPv4Address, IPv4Address]]) -> bool:
-    return any(low <= address <= high for low, high in pools)
-
-
-def check_pools(
-    text: str, network: IPv4Network, reserved: Sequence[IPv4Address] = ()
-) -> tuple[tuple[IPv4Address, IPv4Address], ...]:
-    """Ranges 'first-last' (comma-separated), inside the subnet, apart, and clear of the
-    addresses already given to this appliance."""
-    pools = []
-    for part in (p.strip() for p in text.split(",")):
-        first, dash, last = part.partition("-")
-        try:
-            low, high = IPv4Address(first.strip()), IPv4Address(last.strip())
-        except ValueError:
-            low = high = None
-        if not dash or low is None or high is None or low > high:
-            raise Invalid("address ranges 'first-last', first <= last, separated by commas, "
-                          f"such as {network[10]}-{network[-2]}")  # fmt: skip
-        for end in (low, high):
-            _host_in(end, network, "a pool")
-        pools.append((low, high))
-    pools.sort()
-    for (_, high), (low, _) in zip(pools, pools[1:], strict=False):
-        if low <= high:
-            raise Invalid("ranges that do not overlap")
-    for address in reserved:
-        if in_pools(address, pools):
-            raise Invalid(f"ranges that leave out {address} (an address of this appliance)")
-    return tuple(pools)
-
-
-def check_router(text: str, subnet: Provisioning) -> IPv4Address | None:
-    if text.lower() in NONE_WORDS:
-        return None
-    address = _address_or_none_word(text)
-    _host_in(address, subnet.network, "a router")
-    if in_pools(address, subnet.pools):
-        raise Invalid(f"a router outside the pools of {subnet.network} (DHCP would lease it)")
-    return address
-
-
-def check_vip(
-    text: str, subnets: Sequence[Provisioning], management: IPv4Address
-) -> IPv4Address | None:
-    if text.lower() in NONE_WORDS:
-        return None
-    address = _address_or_none_word(text)
-    subnet = subnet_of(address, subnets)
-    if subnet is None:
-        inside = ", ".join(str(s.network) for s in subnets)
-        raise Invalid(f"a virtual IP inside a provisioning subnet ({inside}); {address} is not")
-    _host_in(address, subnet.network, "a virtual IP")
-    if in_pools(address, subnet.pools):
-        raise Invalid(f"a virtual IP outside the pools of {subnet.network} (DHCP would lease it)")
-    if address in (subnet.router, management):
-        raise Invalid("a virtual IP of its own (not the router or the management address)")
-    return address
-
-
-def check_cluster_choice(text: str, enrolled: bool) -> str:
-    """A member stays one: leaving a cluster is done by hand (docs/cluster.md), since
-    `cluster init` and `join` refuse a node that has an identity."""
-    choices = ("keep",) if enrolled else ("new", "join")
-    if text.lower() not in choices:
-        if enrolled:
-            raise Invalid("'keep': this node already belongs to a cluster")
-        raise Invalid("'new' (create a new cluster) or 'join' (paste a join token)")
-    return text.lower()
-
-
-def check_token(text: str, now: float) -> str:
-    try:
-        decode_untrusted(text, now)
-    except TokenError as exc:
-        raise Invalid(f"a join token from `rackboot cluster token` ({exc})") from None
-    return "".join(text.split())
-
-
-def _address_or_none_word(text: str) -> IPv4Address:
-    try:
-        return check_address(text)
-    except Invalid as exc:
-        raise Invalid(f"{exc.expected}, or 'none'") from None
-
-
-def subnet_of(address: IPv4Address, subnets: Sequence[Provisioning]) -> Provisioning | None:
-    return next((s for s in subnets if address in s.network), None)
 
 
 # -- the dialog ------------------------------------------------------------------------
@@ -225,27 +69,36 @@ class Current:
 
     name: str | None = None
     rack: str | None = None
-    management: str | None = None
+    management_interface: str | None = None
+    management: str | None = None  # address/prefix
+    gateway: str = "none"
     interfaces: tuple[str, ...] = ()
     subnets: dict[str, dict[str, Any]] = field(default_factory=dict)  # by interface
+    addresses: dict[str, str] = field(default_factory=dict)  # ours, by interface
     vip: str | None = None
 
     @classmethod
     def of(cls, doc: dict[str, Any], hostname: str) -> Current:
-        node, dhcp, ha = (_table(doc, name) for name in ("node", "dhcp", "ha"))
-        advertise = str(_table(doc, "cluster").get("advertise", ""))
-        host = advertise.rpartition(":")[0]
+        node, dhcp, ha, network = (_table(doc, n) for n in ("node", "dhcp", "ha", "network"))
         subnets: dict[str, dict[str, Any]] = {}
         for subnet in dhcp.get("subnets", []):
             if isinstance(subnet, dict) and isinstance(subnet.get("interface"), str):
                 subnets.setdefault(subnet["interface"], subnet)
+        addresses = {
+            str(entry.get("interface")): str(entry.get("address", "")).partition("/")[0]
+            for entry in network.get("provisioning", [])
+            if isinstance(entry, dict)
+        }
         vip = ha.get("vip")
         return cls(
             name=str(node.get("name", hostname)),
             rack=node.get("rack"),
-            management=host if re.fullmatch(r"[0-9.]+", host) else None,
+            management_interface=_text(network.get("management_interface")),
+            management=_text(network.get("management_address")),
+            gateway=_text(network.get("management_gateway")) or "none",
             interfaces=tuple(str(n) for n in dhcp.get("interfaces", [])),
             subnets=subnets,
+            addresses=addresses,
             # A file written before: no VIP is an answer ("none"); a fresh file asks.
             vip=(str(vip).partition("/")[0] or "none") if "vip" in ha else None,
         )
@@ -262,17 +115,15 @@ def collect(
     name = ask(Ask(("name",), "Name of this appliance", current.name, check_name))
     rack = ask(Ask(("rack",), "Rack it serves", current.rack,
                    lambda t: check_name(t, "rack name")))  # fmt: skip
-    management = ask(Ask(("management_address",), "Management address (other appliances "
-                         "reach this one here)", current.management, check_address))  # fmt: skip
+    management = _ask_management(ask, current, interfaces)
     default_interfaces = ", ".join(current.interfaces) or None
     names = ask(Ask(("interfaces",), "Provisioning interface(s), comma-separated",
                     default_interfaces, lambda t: check_interfaces(t, interfaces)))  # fmt: skip
     subnets: list[Provisioning] = []
     for interface in names:
-        subnets.append(_ask_subnet(ask, interface, current.subnets.get(interface, {}),
-                                   subnets, management))  # fmt: skip
+        subnets.append(_ask_subnet(ask, interface, current, subnets, management))
     vip = ask(Ask(("vip",), "The rack's virtual IP (held by the active appliance; 'none')",
-                  current.vip, lambda t: check_vip(t, subnets, management)))  # fmt: skip
+                  current.vip, lambda t: check_vip(t, subnets, management.address.ip)))  # fmt: skip
     if enrolled:
         prompt = "Cluster: this node already belongs to one; 'keep'"
     else:
@@ -286,33 +137,71 @@ def collect(
     return Answers(name, rack, management, tuple(subnets), vip, cluster, token)
 
 
+def _ask_management(
+    ask: Callable[[Ask], Any], current: Current, interfaces: Sequence[Interface]
+) -> Management:
+    interface = ask(Ask(("management_interface",), "Management interface",
+                        current.management_interface,
+                        lambda t: check_interface(t, interfaces)))  # fmt: skip
+    address = ask(Ask(("management_address",), "Management address/prefix (other appliances "
+                      "reach this one here)", current.management, check_management_address))  # fmt: skip
+    gateway = ask(Ask(("management_gateway",), "Management gateway ('none')", current.gateway,
+                      lambda t: check_gateway(t, address)))  # fmt: skip
+    return Management(interface, address, gateway)
+
+
 def _ask_subnet(
     ask: Callable[[Ask], Any],
     interface: str,
-    old: dict[str, Any],
+    current: Current,
     earlier: Sequence[Provisioning],
-    management: IPv4Address,
+    management: Management,
 ) -> Provisioning:
     where = ("subnets", interface)
+    old = current.subnets.get(interface, {})
 
     def check_apart(text: str) -> IPv4Network:
         network = check_network(text)
         for other in earlier:
             if network.overlaps(other.network):
                 raise Invalid(f"a subnet apart from {other.network} (on {other.interface})")
+        if interface != management.interface and network.overlaps(management.address.network):
+            raise Invalid(f"a subnet apart from the management network "
+                          f"{management.address.network} (on {management.interface})")  # fmt: skip
         return network
 
     network = ask(Ask((*where, "network"), f"Subnet on {interface} (CIDR)",
                       _text(old.get("network")), check_apart))  # fmt: skip
     same = old.get("network") == str(network)  # else the old pools and router are elsewhere
+    address = ask(Ask((*where, "address"), f"This appliance's address on {interface}",
+                      _own_address(current, interface, network, management),
+                      lambda t: check_own_address(t, network)))  # fmt: skip
+    reserved = [management.address.ip, address]
     pools = ask(Ask((*where, "pools"), f"DHCP pool(s) in {network}, 'first-last'",
                     _text(old.get("pools")) if same else None,
-                    lambda t: check_pools(t, network, [management])))  # fmt: skip
-    partial = Provisioning(interface, network, pools, None)
+                    lambda t: check_pools(t, network, reserved)))  # fmt: skip
+    partial = Provisioning(interface, network, address, pools, None)
     router = ask(Ask((*where, "router"), f"Router for machines on {network} ('none')",
                      (_text(old.get("router")) if same else None) or "none",
                      lambda t: check_router(t, partial)))  # fmt: skip
-    return Provisioning(interface, network, pools, router)
+    return Provisioning(interface, network, address, pools, router)
+
+
+def _own_address(
+    current: Current, interface: str, network: IPv4Network, management: Management
+) -> str | None:
+    """The address this interface had, if it is still in its subnet; on the management
+    interface, the management address when it is in the subnet."""
+    candidates = [current.addresses.get(interface)]
+    if interface == management.interface:
+        candidates.append(str(management.address.ip))
+    for text in candidates:
+        try:
+            if text and IPv4Address(text) in network:
+                return text
+        except ValueError:
+            continue
+    return None
 
 
 def _text(value: Any) -> str | None:
@@ -342,7 +231,7 @@ def apply(doc: dict[str, Any], answers: Answers) -> dict[str, Any]:
     cluster = out.setdefault("cluster", {})
     port = cluster.get("port", CLUSTER_PORT)
     if port:  # port 0 is chosen at start-up and announced by mDNS: nothing to advertise
-        cluster["advertise"] = f"{answers.management}:{port}"
+        cluster["advertise"] = f"{answers.management.address.ip}:{port}"
     dhcp = out.setdefault("dhcp", {})
     dhcp["interfaces"] = [p.interface for p in answers.provisioning]
     old = [s for s in dhcp.get("subnets", []) if isinstance(s, dict)]
@@ -359,6 +248,7 @@ def apply(doc: dict[str, Any], answers: Answers) -> dict[str, Any]:
             subnet["router"] = str(p.router)
         subnets.append(subnet)
     dhcp["subnets"] = subnets + [s for s in old if "interface" not in s]
+    out["network"] = _network(out.get("network"), answers)
     ha = out.setdefault("ha", {})
     home = subnet_of(answers.vip, answers.provisioning) if answers.vip else None
     if home is None:
@@ -367,3 +257,19 @@ def apply(doc: dict[str, Any], answers: Answers) -> dict[str, Any]:
         ha["vip"] = f"{answers.vip}/{home.network.prefixlen}"
         ha["vip_interface"] = home.interface
     return out
+
+
+def _network(old: Any, answers: Answers) -> dict[str, Any]:
+    """[network] (appliance/setup/networkd.py): every key is the dialog's."""
+    management = answers.management
+    network = dict(old) if isinstance(old, dict) else {}
+    network["management_interface"] = management.interface
+    network["management_address"] = str(management.address)
+    network.pop("management_gateway", None)
+    if management.gateway is not None:
+        network["management_gateway"] = str(management.gateway)
+    network["provisioning"] = [
+        {"interface": p.interface, "address": f"{p.address}/{p.network.prefixlen}"}
+        for p in answers.provisioning
+    ]
+    return network

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from appliance.setup.questions import Interface
+from appliance.setup.checks import Interface
 
 # Tests (and a rescue shell) point this at a directory shaped like /sys/class/net:
 # one sub-directory per interface with `operstate` and `address` files.

@@ -91,6 +91,7 @@ SANS_IO = [
     "appliance.ha.etcd_lease",
     "appliance.firmware.bundle",
     "appliance.firmware.slots",
+    "appliance.setup.networkd",
 ]
 
 FORBIDDEN = {

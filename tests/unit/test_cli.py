@@ -56,7 +56,7 @@ def test_example_passes_check_from_stdin(capsys, monkeypatch):
         ),
         (
             "[nodes]\n",
-            "nodes: expected a known section (known: cluster, dhcp, firmware, ha, httpboot, images, node, plugins, provisioning, qemu_power, ra, redfish, relay, tftp)",
+            "nodes: expected a known section (known: cluster, dhcp, firmware, ha, httpboot, images, network, node, plugins, provisioning, qemu_power, ra, redfish, relay, tftp)",
         ),
         (
             "[node]\ndata_dir = 'relative/dir'\n",

@@ -50,13 +50,16 @@ def machine(tmp_path, monkeypatch) -> Machine:
 # The answers of a first setup, as an answers file says them (docs/setup.md).
 FIRST_ANSWERS = """name = "rb-a"
 rack = "r12"
-management_address = "10.0.0.5"
+management_interface = "eth0"
+management_address = "10.0.0.5/24"
+management_gateway = "10.0.0.1"
 interfaces = ["eth1"]
 vip = "10.1.0.2"
 cluster = "new"
 
 [subnets.eth1]
 network = "10.1.0.0/24"
+address = "10.1.0.5"
 pools = ["10.1.0.100-10.1.0.199"]
 router = "10.1.0.1"
 """

@@ -77,13 +77,21 @@ def test_a_new_cluster_with_wrong_answers_re_asked(machine, operator):
     op.child.expect_exact("eth1             down     52:54:00:ab:cd:ef")
     op.answer("Name of this appliance [", "rb-a")
     op.answer("Rack it serves: ", "r12")
-    op.answer("Management address (other appliances reach this one here): ", "10.0.0.5")
+    op.answer("Management interface: ", "eth0")
+    op.answer("Management address/prefix (other appliances reach this one here): ", "10.0.0.5")
+    op.refused("an address with its prefix length (1-30) such as 10.0.0.5/24",
+               "Management address/prefix (other appliances reach this one here): ",
+               "10.0.0.5/24")  # fmt: skip
+    op.answer("Management gateway ('none') [none]: ", "10.0.0.1")
     op.answer("Provisioning interface(s), comma-separated: ", "eth3")
     op.refused("interfaces of this machine (eth0, eth1); there is no 'eth3'",
                "Provisioning interface(s), comma-separated: ", "eth1")  # fmt: skip
     op.answer("Subnet on eth1 (CIDR): ", "10.1.0.0/33")
     op.refused("a subnet in CIDR notation such as 192.0.2.0/24", "Subnet on eth1 (CIDR): ",
                "10.1.0.0/24")  # fmt: skip
+    op.answer("This appliance's address on eth1: ", "10.1.1.5")
+    op.refused("an address inside 10.1.0.0/24 (10.1.1.5 is not)",
+               "This appliance's address on eth1: ", "10.1.0.5")  # fmt: skip
     op.answer("DHCP pool(s) in 10.1.0.0/24, 'first-last': ", "10.1.0.100-10.1.0.199")
     op.answer("Router for machines on 10.1.0.0/24 ('none') [none]: ", "10.1.9.1")
     op.refused("a router inside 10.1.0.0/24 (10.1.9.1 is not)",
@@ -104,6 +112,7 @@ def test_a_new_cluster_with_wrong_answers_re_asked(machine, operator):
     assert doc["node"]["name"] == "rb-a" and doc["node"]["shutdown_grace"] == 2.5
     assert doc["dhcp"]["subnets"] == [{"network": "10.1.0.0/24", "interface": "eth1",
                                        "pools": ["10.1.0.100-10.1.0.199"], "router": "10.1.0.1"}]  # fmt: skip
+    assert doc["network"]["provisioning"] == [{"interface": "eth1", "address": "10.1.0.5/24"}]
     assert main(["config", "check", str(machine.config)]) == EXIT_OK
 
 
@@ -119,9 +128,12 @@ def test_a_rerun_changing_one_answer_keeps_everything_else(machine, operator, ca
     before = tomllib.loads(first_setup(machine).decode())
     capsys.readouterr()
     op = operator()
-    rest = ("Management address (other appliances reach this one here) [10.0.0.5]: ",
+    rest = ("Management interface [eth0]: ",
+            "Management address/prefix (other appliances reach this one here) [10.0.0.5/24]: ",
+            "Management gateway ('none') [10.0.0.1]: ",
             "Provisioning interface(s), comma-separated [eth1]: ",
             "Subnet on eth1 (CIDR) [10.1.0.0/24]: ",
+            "This appliance's address on eth1 [10.1.0.5]: ",
             "DHCP pool(s) in 10.1.0.0/24, 'first-last' [10.1.0.100-10.1.0.199]: ",
             "Router for machines on 10.1.0.0/24 ('none') [10.1.0.1]: ",
             "The rack's virtual IP (held by the active appliance; 'none') [10.1.0.2]: ",
@@ -149,15 +161,19 @@ def test_an_interrupted_dialog_leaves_the_old_file_byte_identical(machine, opera
     op.answer("Name of this appliance [", "rb-b")
     op.answer("Rack it serves: ", "r1")
     if how == "ctrl-c at a question":
-        op.child.expect_exact("Management address")
+        op.child.expect_exact("Management interface")
         op.child.sendintr()
     elif how == "eof":
-        op.child.expect_exact("Management address")
+        op.child.expect_exact("Management interface")
         op.child.sendeof()
     else:
-        op.answer("Management address (other appliances reach this one here): ", "10.0.0.5")
+        op.answer("Management interface: ", "eth0")
+        op.answer("Management address/prefix (other appliances reach this one here): ",
+                  "10.0.0.5/24")  # fmt: skip
+        op.answer("[none]: ", "")
         op.answer("Provisioning interface(s), comma-separated: ", "eth0")
         op.answer("Subnet on eth0 (CIDR): ", "10.1.0.0/24")
+        op.answer("This appliance's address on eth0: ", "10.1.0.5")
         op.answer("DHCP pool(s) in 10.1.0.0/24, 'first-last': ", "10.1.0.100-10.1.0.199")
         op.answer("[none]: ", "")
         op.answer("'none'): ", "none")
