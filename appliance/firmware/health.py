@@ -124,11 +124,13 @@ def service_gave_up(show: Callable[[], dict[str, str]]) -> list[str]:
     :data:`MAX_EXITS` times since boot. A node that exited once may restart fine."""
     unit = show()
     exits = int(unit.get("NRestarts") or 0) if (unit.get("NRestarts") or "0").isdigit() else 0
-    last = f"{unit.get('Result', '?')}, status {unit.get('ExecMainStatus', '?')}"
+    # Between two restarts systemd shows the new attempt's (Result=success, status 0)
+    result = unit.get("Result", "")
+    last = f" ({result}, status {unit.get('ExecMainStatus', '?')})" if result != "success" else ""
     if unit.get("ActiveState") == "failed":
-        return [f"node: {UNIT} failed ({last}); systemd does not restart it"]
+        return [f"node: {UNIT} failed{last}; systemd does not restart it"]
     if exits >= MAX_EXITS:
-        return [f"node: {UNIT} exited {exits} times since boot (last: {last})"]
+        return [f"node: {UNIT} exited {exits} times since boot{last}"]
     return []
 
 

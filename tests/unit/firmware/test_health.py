@@ -96,7 +96,10 @@ def test_the_service_gave_up_when_failed_or_exiting_again_and_again():
     restarting = {"ActiveState": "activating", "Result": "exit-code", "ExecMainStatus": "1"}
     assert service_gave_up(lambda: {**restarting, "NRestarts": "2"}) == []  # may still come up
     assert service_gave_up(lambda: {**restarting, "NRestarts": "3"}) == [
-        "node: rackboot.service exited 3 times since boot (last: exit-code, status 1)"]  # fmt: skip
+        "node: rackboot.service exited 3 times since boot (exit-code, status 1)"]  # fmt: skip
+    between = {"ActiveState": "activating", "Result": "success", "ExecMainStatus": "0"}
+    assert service_gave_up(lambda: {**between, "NRestarts": "3"}) == [
+        "node: rackboot.service exited 3 times since boot"]  # fmt: skip
     failed = {"ActiveState": "failed", "Result": "exit-code", "ExecMainStatus": "2",
               "NRestarts": "0"}  # fmt: skip
     assert service_gave_up(lambda: failed) == [
