@@ -21,10 +21,10 @@ ln -sf /opt/rackboot/bin/rackboot "$root/usr/bin/rackboot"
 cp -r "$RACKBOOT_OVERLAY/." "$root/"
 cp -r "$RACKBOOT_IMAGE_DIR/rootfs/." "$root/"
 mkdir -p "$root/data" "$root/boot/efi" "$root/usr/lib/rackboot/health.d"
-# fstab mounts /data; Buildroot's data.mount would mount it a second time
-rm -f "$root/usr/lib/systemd/system/data.mount"
-sed -i '/^enable data.mount$/d' "$root/usr/lib/systemd/system-preset/80-rackboot.preset"
-echo "enable rackboot-firmware-health.service" >>"$root/usr/lib/systemd/system-preset/80-rackboot.preset"
+# fstab mounts /data and /boot/efi; Buildroot's mount units would mount them again
+rm -f "$root/usr/lib/systemd/system/data.mount" "$root/usr/lib/systemd/system/boot-efi.mount"
+sed -i '/^enable data.mount$/d; /^enable boot-efi.mount$/d' \
+	"$root/usr/lib/systemd/system-preset/80-rackboot.preset"
 rm -rf "$root/etc/rackboot" "$root/srv/rackboot" "$root/etc/systemd/network"
 ln -s /data/etc/rackboot "$root/etc/rackboot"
 ln -s /data/srv/rackboot "$root/srv/rackboot"

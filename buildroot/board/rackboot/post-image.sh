@@ -20,23 +20,34 @@ X86_64_SLOT_B_UUID=7261636b-626f-6f74-8000-00000000000b
 # rpi4/genimage.cfg's MBR disk signature: slot A is partition 2, B is 3.
 RPI4_DISK_SIGNATURE=7261636b
 
+# The boot entries, kernels and versions of both slots as `rackboot firmware`
+# reads and changes them (appliance/firmware/slots.py, docs/updates.md; the
+# Debian image's are image/layout.py's esp_files): an entry per slot named
+# rackboot-GENERATION-SLOT.conf, the newest generation that is not bad boots
+# (systemd-boot's own order under `default rackboot-*`), each slot's kernel in
+# rackboot/SLOT/vmlinuz and its version in rackboot/SLOT/version. At first both
+# slots hold the image, good; A has the newer generation, so A boots.
+X86_64_FACTORY="a:2 b:1"
+
 x86_64_boot_files() {
 	esp="$BINARIES_DIR/efi-part"
+	version=$(cat "${TARGET_DIR:?post-image.sh: run by Buildroot (TARGET_DIR unset)}/usr/lib/rackboot/firmware-version")
 	# systemd-boot (BR2_PACKAGE_SYSTEMD_BOOT) installed EFI/BOOT/bootx64.efi
 	# and a sample entry; the entries are ours, one per slot.
-	rm -f "$esp/loader/entries/buildroot.conf"
+	rm -rf "$esp/loader/entries" "$esp/rackboot"
 	mkdir -p "$esp/loader/entries"
-	for slot in a b; do
+	for factory in $X86_64_FACTORY; do
+		slot=${factory%%:*}
 		mkdir -p "$esp/rackboot/$slot"
-		cp "$BINARIES_DIR/bzImage" "$esp/rackboot/$slot/bzImage"
+		cp "$BINARIES_DIR/bzImage" "$esp/rackboot/$slot/vmlinuz"
+		echo "$version" >"$esp/rackboot/$slot/version"
+		x86_64_entry "$slot" "$version" >"$esp/loader/entries/rackboot-${factory#*:}-$slot.conf"
 	done
-	x86_64_entry a "$X86_64_SLOT_A_UUID" >"$esp/loader/entries/rackboot-a.conf"
-	x86_64_entry b "$X86_64_SLOT_B_UUID" >"$esp/loader/entries/rackboot-b.conf"
 	# No menu, no command line editing (it would give a root shell to anyone
-	# at the console); an update changes the default and adds boot counting
-	# to the new slot's entry name (rackboot-b+3.conf).
+	# at the console); the pattern matches both slots' entries, whose names
+	# choose (a pattern naming one slot would boot it even when bad).
 	cat >"$esp/loader/loader.conf" <<-CONF
-		default rackboot-a.conf
+		default rackboot-*
 		timeout 0
 		editor no
 		console-mode keep
@@ -44,10 +55,15 @@ x86_64_boot_files() {
 }
 
 x86_64_entry() {
+	case "$1" in
+	a) partuuid=$X86_64_SLOT_A_UUID ;;
+	b) partuuid=$X86_64_SLOT_B_UUID ;;
+	esac
 	cat <<-ENTRY
-		title   Rackboot (slot $1)
-		linux   /rackboot/$1/bzImage
-		options root=PARTUUID=$2 $ROOT_OPTIONS console=tty1 console=ttyS0,115200 rackboot.slot=$1
+		title   Rackboot $2 (slot $1)
+		version $2
+		linux   /rackboot/$1/vmlinuz
+		options root=PARTUUID=$partuuid $ROOT_OPTIONS console=tty1 console=ttyS0,115200 rackboot.slot=$1
 	ENTRY
 }
 

@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from appliance.firmware.schema import FIRMWARE
+from image import layout as image_layout
 from tests.unit.buildroot.genimage import parse, size_bytes
 from tests.unit.buildroot.tree import TREE
 
@@ -34,7 +36,7 @@ def partition_size(images, partition) -> int:
 @pytest.mark.parametrize("board", BOARDS)
 def test_slots_a_and_b_are_twins_of_a_sane_size(board):
     images, _, partitions = layout(board)
-    slots = {p.title[-1]: p for p in partitions if re.fullmatch(r"rootfs-[ab]", p.title)}
+    slots = {p.title[-1]: p for p in partitions if re.fullmatch(r"rackboot-[ab]", p.title)}
     assert set(slots) == {"a", "b"}
     a, b = slots["a"], slots["b"]
     assert a.options["image"] == b.options["image"] == "rootfs.squashfs"
@@ -49,10 +51,10 @@ def test_boot_first_data_last(board):
     images, disk, partitions = layout(board)
     assert size_bytes(disk.get("align", "512")) >= MIB, "partitions aligned to 1 MiB or more"
     boot, data = partitions[0], partitions[-1]
-    assert [p.title for p in partitions[1:-1]] == ["rootfs-a", "rootfs-b"]
+    assert [p.title for p in partitions[1:-1]] == ["rackboot-a", "rackboot-b"]
     assert boot.options.get("bootable") == "true"
     assert 32 * MIB <= partition_size(images, boot) <= 512 * MIB
-    assert data.title == "data"
+    assert data.title == "rackboot-data"
     data_image = images[data.options["image"]]
     assert data_image.options.get("empty") == "true"
     assert data_image.children("ext4")[0].options["label"] == DATA_LABEL
@@ -69,13 +71,27 @@ def post_image_constant(name: str) -> str:
     return re.search(rf"^{name}=(\S+)$", text, re.M)[1]
 
 
+def test_x86_64_partitions_are_named_as_rackboot_firmware_finds_them():
+    """[firmware] slot_a and slot_b default to /dev/disk/by-partlabel/rackboot-{a,b}; the
+    Debian image's layout names them alike, and its fstab finds the ESP as 'esp'."""
+    _, _, partitions = layout("x86_64")
+    names = [p.title for p in partitions]
+    for slot in ("a", "b"):
+        device = FIRMWARE.fields[f"slot_{slot}"].default
+        assert device.startswith("/dev/disk/by-partlabel/")
+        assert device.rsplit("/", 1)[1] in names
+    assert names == [p.name for p in image_layout.partitions()][1:]  # but GRUB's BIOS boot
+
+
 def test_x86_64_boot_entries_name_the_slots_partition_uuids():
     _, disk, partitions = layout("x86_64")
     assert disk["partition-table-type"] == "gpt"
     by_title = {p.title: p.options for p in partitions}
     assert by_title["esp"]["partition-type-uuid"] == "U"
-    assert by_title["rootfs-a"]["partition-uuid"] == post_image_constant("X86_64_SLOT_A_UUID")
-    assert by_title["rootfs-b"]["partition-uuid"] == post_image_constant("X86_64_SLOT_B_UUID")
+    assert by_title["rackboot-a"]["partition-uuid"] == post_image_constant("X86_64_SLOT_A_UUID")
+    assert by_title["rackboot-b"]["partition-uuid"] == post_image_constant("X86_64_SLOT_B_UUID")
+    for slot in ("a", "b"):  # the Debian image's, so one bundle's entries fit both
+        assert by_title[f"rackboot-{slot}"]["partition-uuid"] == image_layout.SLOT_UUID[slot]
 
 
 def test_rpi4_cmdlines_name_the_slots_partuuids():
@@ -84,8 +100,8 @@ def test_rpi4_cmdlines_name_the_slots_partuuids():
     _, disk, partitions = layout("rpi4")
     assert disk["partition-table-type"] == "mbr"
     assert int(disk["disk-signature"], 16) == int(post_image_constant("RPI4_DISK_SIGNATURE"), 16)
-    assert [p.title for p in partitions].index("rootfs-a") + 1 == 2
-    assert [p.title for p in partitions].index("rootfs-b") + 1 == 3
+    assert [p.title for p in partitions].index("rackboot-a") + 1 == 2
+    assert [p.title for p in partitions].index("rackboot-b") + 1 == 3
     assert partitions[0].options["partition-type"].lower() == "0xc"  # FAT32 (LBA)
 
 

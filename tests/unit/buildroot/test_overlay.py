@@ -6,8 +6,9 @@ from __future__ import annotations
 import configparser
 
 from appliance.config import DEFAULT_CONFIG_PATH
+from appliance.firmware.schema import FIRMWARE
 from appliance.setup.system import UNIT
-from tests.unit.buildroot.tree import TREE
+from tests.unit.buildroot.tree import REPOSITORY, TREE
 
 UNITS = TREE / "board/rackboot/rootfs-overlay/usr/lib/systemd/system"
 
@@ -46,3 +47,36 @@ def test_configuration_directory_lives_on_the_data_partition():
     assert f'ln -s /data{directory} "$TARGET_DIR{directory}"' in post_build
     tmpfiles = (TREE / "board/rackboot/rootfs-overlay/usr/lib/tmpfiles.d/rackboot.conf").read_text()
     assert f"d /data{directory} " in tmpfiles
+
+
+def test_served_files_and_network_files_live_on_the_data_partition():
+    """The TFTP and HTTP roots' defaults (/srv/rackboot/...) and the directory setup
+    writes the network's files into must be writable: links into /data, as on the
+    Debian image, with their directories made at boot."""
+    post_build = (TREE / "board/rackboot/post-build.sh").read_text()
+    customize = (REPOSITORY / "image/customize.sh").read_text()
+    for link in ('ln -s /data/srv/rackboot "$TARGET_DIR/srv/rackboot"',
+                 'ln -s /etc/rackboot/network "$TARGET_DIR/etc/systemd/network"'):  # fmt: skip
+        assert link in post_build
+        assert link.replace("$TARGET_DIR", "$root") in customize
+    tmpfiles = (TREE / "board/rackboot/rootfs-overlay/usr/lib/tmpfiles.d/rackboot.conf").read_text()
+    for served in ("tftp", "http"):
+        assert f"d /data/srv/rackboot/{served} " in tmpfiles
+    assert (
+        "RequiresMountsFor=/data"
+        in (UNITS / "systemd-networkd.service.d/rackboot.conf").read_text()
+    )
+
+
+def test_the_firmware_health_check_runs_and_the_esp_is_mounted():
+    health = unit("rackboot-firmware-health.service")
+    assert health["Service"]["ExecStart"].split() == ["/usr/bin/rackboot", "firmware", "health"]
+    assert health["Unit"]["RequiresMountsFor"] == FIRMWARE.fields["esp"].default
+    esp = unit("boot-efi.mount")
+    assert esp["Mount"]["Where"] == FIRMWARE.fields["esp"].default
+    assert esp["Mount"]["What"] == "/dev/disk/by-partlabel/esp"
+    preset = TREE / "board/rackboot/rootfs-overlay/usr/lib/systemd/system-preset/80-rackboot.preset"
+    enabled = preset.read_text().splitlines()
+    for name in ("boot-efi.mount", "rackboot.service", "rackboot-firmware-health.service"):
+        assert f"enable {name}" in enabled
+    assert "systemd-bless-boot.service" in (TREE / "board/rackboot/post-build.sh").read_text()
