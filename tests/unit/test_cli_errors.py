@@ -214,7 +214,7 @@ def test_a_file_that_sets_nothing_is_said_to(tmp_path, text):
     path.write_text(text)
     result = rackboot(env_for(tmp_path), "config", "check", str(path))
     assert (result.returncode, result.stderr) == (EXIT_OK, "")
-    assert result.stdout == f"{path}: ok, but it sets nothing: every default applies (14 sections)\n"
+    assert result.stdout == f"{path}: ok, but it sets nothing: every default applies (15 sections)\n"
 
 
 # -- configuration paths that are not a readable regular file -----------------------

@@ -182,7 +182,7 @@ def test_example_is_complete_and_valid():
     sections = [*collect_sections(build_plugin_manager(entry_points=[])), SUBNET]
     text = render_example(sections)
     document = tomllib.loads(text)
-    assert set(document) == {"node", "plugins", "cluster", "ha", "firmware", "dhcp"}
+    assert set(document) == {"node", "plugins", "cluster", "ha", "firmware", "network", "dhcp"}
     assert "# UDP port." in text and "port = 67" in text
     # An optional key with no default is shown commented out, with its expectation.
     assert "# server = <an IPv4 address such as '192.0.2.10'>" in text

@@ -54,7 +54,8 @@ def test_core_only():
         "rackboot_services",
         "rackboot_status",
     ]
-    assert [s.name for s in collect_sections(pm)] == ["node", "plugins", "cluster", "ha", "firmware"]
+    core = ["node", "plugins", "cluster", "ha", "firmware", "network"]
+    assert [s.name for s in collect_sections(pm)] == core
 
 
 def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
@@ -71,6 +72,7 @@ def test_entry_point_plugin_is_loaded_and_described(plugin_dir):
         ("cluster", "core"),
         ("ha", "core"),
         ("firmware", "core"),
+        ("network", "core"),
         ("good", "good"),
     ]
 
