@@ -103,18 +103,27 @@ def boot_files(root: Path, out: Path) -> tuple[Path, Path]:
 
 
 def squashfs(root: Path, target: Path, extra: dict[str, str] | None = None) -> Path:
-    """The slot image; ``extra`` adds files (path in the root -> shell script),
-    for a test bundle whose health hook fails."""
-    for path, script in (extra or {}).items():
-        (root / path).write_text(script)
-        (root / path).chmod(0o755)
+    """The slot image; ``extra`` adds files (path in the root -> text, mode 0755), for
+    a test bundle that fails its health check; they and the directories made for
+    them are removed again afterwards."""
+    made: list[Path] = []
     try:
+        for path, script in (extra or {}).items():
+            missing = [p for p in (root / path).parents if not p.exists()]
+            made += sorted(missing, key=lambda p: len(p.parts))
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            made.append(root / path)
+            (root / path).write_text(script)
+            (root / path).chmod(0o755)
         target.unlink(missing_ok=True)
         run("mksquashfs", root, target, "-comp", "zstd", "-noappend", "-no-progress", "-wildcards",
             "-e", "boot/vmlinuz*", "boot/initrd.img*", "boot/System.map*", "boot/config-*")  # fmt: skip
     finally:
-        for path in extra or {}:
-            (root / path).unlink()
+        for path in reversed(made):
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink(missing_ok=True)
     return target
 
 

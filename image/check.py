@@ -4,9 +4,10 @@
 
 DIR is image.build's output, built with ``--root-password rackboot``. UEFI
 (OVMF): the first boot shows the setup dialog on the serial console; it is
-answered (a standalone appliance serving DHCP on its one NIC); root logs in;
-a bundle whose health hook fails is installed: the appliance boots slot B,
-the check fails, it marks B bad and reboots into A by itself; then a good
+answered (a standalone appliance: its one NIC for management and provisioning,
+with static addresses); root logs in;
+a bundle whose node exits at start is installed: the appliance boots slot B,
+the check fails at once, it marks B bad and reboots into A by itself; then a good
 bundle: B boots and is marked good. BIOS (SeaBIOS): GRUB boots slot A and the
 setup dialog appears. Each VM writes to a snapshot of DIR/disk.img (QEMU's, kept across reboots);
 the bundles are served to the VM from 127.0.0.1 (QEMU's user network maps
@@ -19,23 +20,28 @@ import argparse
 import functools
 import http.server
 import re
-import shutil
 import sys
 import threading
 import time
 from pathlib import Path
 
-import pexpect
-
 from appliance.firmware.keys import load_private, write_bundle
 from image.build import squashfs
+from image.serialvm import BOOT, Setup, Vm, setup_dialog, wait_for_dialog
 
-OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
-OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
-PASSWORD = "rackboot"
-PROMPT = "root@rackboot:~# "
-FAILING_HOOK = "usr/lib/rackboot/health.d/50-demo-fails"
-BOOT = 600  # seconds a boot may take under TCG
+# 1.2: a release whose node exits at start (a drop-in replacing its command), which
+# its health check judges at once (docs/updates.md: a definite failure).
+BROKEN = {
+    "usr/lib/systemd/system/rackboot.service.d/50-demo-exits.conf": (
+        "[Service]\nExecStart=\nExecStart=/bin/sh -c 'echo demo: 1.2 exits at start; exit 1'\n"
+    )
+}
+MAC = "52:54:00:72:62:01"
+# One NIC on QEMU's user network (10.0.2.0/24, the host's loopback at 10.0.2.2): the
+# management address and the provisioning subnet on the same interface.
+SETUP = Setup(management_mac=MAC, management="10.0.2.15/24", gateway="10.0.2.2",
+              provisioning_mac=MAC, subnet="10.0.2.0/24", address="10.0.2.15",
+              pool="10.0.2.100-10.0.2.199")  # fmt: skip
 
 
 def log(text: str) -> None:
@@ -43,14 +49,11 @@ def log(text: str) -> None:
 
 
 def bundles(out: Path) -> dict[str, Path]:
-    """1.1: the image's own root, signed as 1.1. 1.2: the same with a health hook
-    that fails, so the appliance must roll back."""
+    """1.1: the image's own root, signed as 1.1. 1.2: the same with a node that
+    exits at start, so the appliance must roll back."""
     key = load_private(out / "release-key.pem")
     made = {}
-    for version, extra in (
-        ("1.1", None),
-        ("1.2", {FAILING_HOOK: "#!/bin/sh\necho demo\nexit 1\n"}),
-    ):
+    for version, extra in (("1.1", None), ("1.2", BROKEN)):
         rootfs = squashfs(out / "root", out / f"rootfs-{version}.squashfs", extra)
         files = {"rootfs": rootfs, "kernel": out / "vmlinuz", "initrd": out / "initrd.img"}
         made[version] = out / f"rackboot-{version}.bundle"
@@ -65,81 +68,9 @@ def serve(directory: Path) -> int:
     return server.server_address[1]
 
 
-class Vm:
-    def __init__(self, out: Path, firmware: str, accel: str) -> None:
-        self.work = out / f"vm-{firmware}"
-        shutil.rmtree(self.work, ignore_errors=True)
-        self.work.mkdir()
-        argv = ["qemu-system-x86_64", "-accel", accel, "-m", "2048", "-smp", "2",
-                "-display", "none", "-serial", "stdio", "-monitor", "none",
-                # snapshot: writes stay in QEMU (across the guest's reboots), not the image
-                "-drive", f"file={out / 'disk.img'},format=raw,if=virtio,snapshot=on",
-                "-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]  # fmt: skip
-        if firmware == "uefi":
-            shutil.copyfile(OVMF_VARS, self.work / "vars.fd")
-            argv += ["-drive", f"if=pflash,format=raw,readonly=on,file={OVMF_CODE}",
-                     "-drive", f"if=pflash,format=raw,file={self.work / 'vars.fd'}"]  # fmt: skip
-        self.console = open(self.work / "console.log", "w", encoding="utf-8", errors="replace")  # noqa: SIM115 (closed by stop)
-        self.child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", codec_errors="replace",
-                                   timeout=BOOT, logfile=self.console)  # fmt: skip
-
-    def expect(self, pattern: str, timeout: float = BOOT) -> str:
-        self.child.expect(pattern, timeout=timeout)
-        return self.child.match.group(0) if hasattr(self.child.match, "group") else ""
-
-    def answer(self, prompt: str, text: str) -> None:
-        self.child.expect_exact(prompt, timeout=BOOT)
-        self.child.sendline(text)
-
-    def shell(self, command: str, timeout: float = 120) -> str:
-        self.child.sendline(command)
-        self.child.expect_exact(PROMPT, timeout=timeout)
-        return self.child.before
-
-    def login(self) -> None:
-        """Root on the console. A prompt already on the screen may belong to a system
-        that is going down (a verdict's reboot): ask again until one answers."""
-        deadline = time.monotonic() + BOOT
-        while time.monotonic() < deadline:
-            self.child.sendline("")
-            try:
-                self.child.expect_exact("rackboot login: ", timeout=30)
-                self.child.sendline("root")
-                self.child.expect_exact("Password: ", timeout=30)
-                self.child.sendline(PASSWORD)
-                self.child.expect_exact(PROMPT, timeout=60)
-                return
-            except pexpect.TIMEOUT:
-                continue
-        raise TimeoutError("no login on the serial console")
-
-    def stop(self) -> None:
-        if self.child.isalive():
-            self.child.terminate(force=True)
-        self.console.close()
-
-
-def setup_dialog(vm: Vm) -> None:
-    """Answer the dialog: a standalone appliance serving DHCP on its one NIC."""
-    vm.expect(r"Name of this appliance \[")
-    listing = vm.child.before
-    nic = re.findall(r"^(en\w+|eth\d+)\s", listing, re.M)
-    vm.child.sendline("rb-demo")
-    vm.answer("Rack it serves: ", "r1")
-    vm.answer("Management address (other appliances reach this one here): ", "10.0.2.15")
-    vm.answer("Provisioning interface(s), comma-separated: ", nic[0] if nic else "ens3")
-    vm.expect(r"Subnet on \S+ \(CIDR\): ")
-    vm.child.sendline("10.0.2.0/24")
-    vm.expect(r"DHCP pool\(s\) in 10.0.2.0/24, 'first-last': ")
-    vm.child.sendline("10.0.2.100-10.0.2.199")
-    vm.expect(r"Router for machines on 10.0.2.0/24 \('none'\) \[none\]: ")
-    vm.child.sendline("none")
-    vm.expect(r"The rack's virtual IP \(held by the active appliance; 'none'\): ")
-    vm.child.sendline("none")
-    vm.expect(r"Cluster: 'new' to create one, 'join' to paste a join token \[new\]: ")
-    vm.child.sendline("new")
-    vm.expect(r"Write it to /etc/rackboot/rackboot.toml\? \[y/n\]: ")
-    vm.child.sendline("y")
+def boot(out: Path, firmware: str, accel: str) -> Vm:
+    return Vm(out / "disk.img", out / f"vm-{firmware}", firmware=firmware, accel=accel,
+              nics=[("user", MAC)])  # fmt: skip
 
 
 def update(vm: Vm, port: int, version: str) -> None:
@@ -151,19 +82,22 @@ def update(vm: Vm, port: int, version: str) -> None:
 
 
 def check_uefi(out: Path, port: int, accel: str) -> None:
-    vm = Vm(out, "uefi", accel)
+    vm = boot(out, "uefi", accel)
     try:
-        t0 = time.monotonic()
-        setup_dialog(vm)
-        log(f"UEFI: setup dialog answered ({time.monotonic() - t0:.0f} s after power-on)")
+        setup_dialog(vm, SETUP, wait_for_dialog(vm))
+        log(f"UEFI: setup dialog answered ({vm.since_start():.0f} s after power-on)")
         vm.login()
         vm.shell(
             "printf '\\n[firmware]\\nhealth_timeout = 150.0\\n' >> /etc/rackboot/rackboot.toml"
         )
         assert "booted slot a" in vm.shell("rackboot firmware status")
         update(vm, port, "1.2")
+        rebooting = vm.since_start()
+        vm.expect(r"unhealthy \(for good: not waiting\): [^\r\n]*\r", timeout=BOOT)
+        log(f"UEFI: {vm.child.match.group(0).strip()}")
         vm.child.expect_exact("slot b marked bad", timeout=BOOT)
-        log("UEFI: slot b (1.2, failing health hook) booted, failed its check, marked bad")
+        log(f"UEFI: slot b (1.2, its node exits at start) marked bad "
+            f"{vm.since_start() - rebooting:.0f} s after the reboot into it")  # fmt: skip
         vm.login()
         status = vm.shell("rackboot firmware status")
         assert "booted slot a" in status and re.search(r"slot b: bad", status), status
@@ -179,7 +113,7 @@ def check_uefi(out: Path, port: int, accel: str) -> None:
 
 
 def check_bios(out: Path, accel: str) -> None:
-    vm = Vm(out, "bios", accel)
+    vm = boot(out, "bios", accel)
     try:
         vm.expect(r"Rackboot: slot a ")
         vm.expect(r"Name of this appliance \[")
