@@ -84,7 +84,7 @@ class Lane:
             handover = serve(data) if data else Handover(eof=True)
         except BlockingIOError:
             return  # nothing after all: still parked
-        except BaseException as exc:  # a reset, or a bug: the connection's task sees it
+        except Exception as exc:  # a reset, or a bug: the connection's task sees it
             self._wake(fd, task, outcome.Error(exc))
             return
         if handover is None:

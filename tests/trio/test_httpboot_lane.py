@@ -192,6 +192,19 @@ async def test_a_parked_connection_cancelled_leaves_the_lane_closed(root, autoju
         assert not here.lane.parked
 
 
+async def test_a_reset_seen_by_the_lane_ends_the_connection_quietly(root, autojump_clock):
+    async with lab(root) as here:
+        client, connection, _ = here.connect()
+        assert (await client.request("GET", "/text/a")).status == 200
+        await trio.testing.wait_all_tasks_blocked()
+        await client.send_raw(b"GET /text/b HTTP/1.1\r\nhost: x\r\n\r\n")  # answered, unread
+        await trio.testing.wait_all_tasks_blocked()
+        client.stream.socket.close()  # with its answer unread: the lane's read is a reset
+        await client.stream.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not here.lane.parked and here.lane.answered_parked == 1
+
+
 async def _run_in(scope: trio.CancelScope, connection: Connection) -> None:
     with scope:
         await connection.serve()
