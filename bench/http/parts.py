@@ -31,6 +31,7 @@ import tempfile
 from ipaddress import IPv4Address
 from pathlib import Path
 
+import prometheus_client
 import trio
 
 TEXT = "x" * 288  # the size of bench.http's script
@@ -138,7 +139,7 @@ def _script_routes(directory: Path):
     return BuiltinRoutes(
         root=directory, policy=policy, secret=Secret(state), store=EventStore(state, 16),
         stats=Stats(), public_url="", admin_token="", max_event_bytes=4096, is_active=lambda: True,
-        status=dict, metrics=None, script_hook=lambda **kw: None, event_hook=lambda event: None,
+        status=dict, metrics=prometheus_client.CollectorRegistry(), script_hook=lambda **kw: None, event_hook=lambda event: None,
         machines=Machines(state, reservations={}, bind=False), node_name="bench",
     )  # fmt: skip
 
