@@ -35,6 +35,7 @@ from typing import Any
 
 import trio
 
+from appliance.durable import fsync_directory
 from appliance.frames import DEFAULT_MAX_RECORD as DEFAULT_MAX_RECORD
 from appliance.frames import FRAME as FRAME
 from appliance.frames import Scan, frame, scan_untrusted
@@ -76,7 +77,7 @@ class JournalFile:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             if created:  # the new name itself must survive a crash
-                _fsync_dir(self.path.parent)
+                fsync_directory(self.path.parent)
             with os.fdopen(os.dup(fd), "rb") as fh:
                 data = fh.read()
             scan = scan_untrusted(data, self.max_record)
@@ -165,7 +166,7 @@ class JournalFile:
 
     def _sync_dir(self) -> None:
         if self._dir_unsynced:
-            _fsync_dir(self.path.parent)
+            fsync_directory(self.path.parent)
             self._dir_unsynced = False
 
     def _truncate(self, size: int) -> None:
@@ -260,7 +261,7 @@ def _keep_copy(path: Path, data: bytes, when: float) -> Path:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            _fsync_dir(path.parent)
+            fsync_directory(path.parent)
         except OSError:
             _unlink_quietly(copy)
             raise
@@ -273,13 +274,6 @@ def _write_all(fd: int, data: bytes | bytearray) -> None:
     while view:
         view = view[os.write(fd, view) :]
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: Path) -> None:

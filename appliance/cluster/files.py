@@ -31,6 +31,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from appliance.cluster import pki
+from appliance.durable import fsync_directory
 from appliance.errors import RackbootError
 
 PRIVATE = 0o600
@@ -52,11 +53,7 @@ def write_atomically(final: Path, data: bytes, mode: int) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, final)
-    dfd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_directory(final.parent)
 
 
 class ClusterStateError(RackbootError):

@@ -24,6 +24,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from appliance.durable import fsync_directory
 from appliance.firmware.slots import SLOTS, Entry, SlotError, State, entry_name
 from appliance.firmware.slots import parse_entry_name_untrusted as _parse_name
 
@@ -35,13 +36,6 @@ MAX_ENTRIES = 256
 class BootStateError(RuntimeError):
     """The boot loader's files are missing or not as Rackboot wrote them."""
 
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def replace_file(path: Path, data: bytes) -> None:

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from appliance.durable import fsync_directory
 from appliance.setup.checks import Interface
 
 # Tests (and a rescue shell) point this at a directory shaped like /sys/class/net:
@@ -61,11 +62,7 @@ def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    fsync_directory(path.parent)
 
 
 def service_command(

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.durable import fsync_directory
 from appliance.errors import RackbootError
 
 from .chunking import check_file, chunk_file
@@ -153,7 +154,7 @@ class ImageStore:
             path = self._file_path(name, version)
             path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            fsync_directory(path.parent)
         finally:
             tmp.unlink(missing_ok=True)
         self.save_table(table)
@@ -168,7 +169,7 @@ class ImageStore:
         """Delete one version (its head first: a crash leaves an orphan file for gc)."""
         found = self.get(name, version)
         self._head_path(name, version).unlink()
-        _fsync_dir(self._head_path(name, version).parent)
+        fsync_directory(self._head_path(name, version).parent)
         found.path.unlink(missing_ok=True)
         del self.images[name][version]
         if not self.images[name]:
@@ -230,7 +231,7 @@ class ImageStore:
         path = self._file_path(head.name, head.version)
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.replace(partial, path)
-        _fsync_dir(path.parent)
+        fsync_directory(path.parent)
         self.save_table(table)
         self._write(self._head_path(head.name, head.version), envelope)
         found = Version(head, envelope, table, path)
@@ -270,7 +271,7 @@ class ImageStore:
         tmp.unlink(missing_ok=True)
         os.symlink(f"../files/{name}/{version}", tmp)
         os.replace(tmp, link)
-        _fsync_dir(link.parent)
+        fsync_directory(link.parent)
         self.current[name] = version
 
     def _reindex(self) -> None:
@@ -288,7 +289,7 @@ class ImageStore:
         tmp.write_bytes(data)
         _fsync(tmp)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_directory(path.parent)
 
     def _head_path(self, name: str, version: str) -> Path:
         return self.root / "heads" / name / f"{version}.head"
@@ -304,10 +305,3 @@ def _fsync(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
