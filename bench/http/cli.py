@@ -3,7 +3,10 @@
 Scenarios (bench/README.md): ``download``: a 512 MiB file to 1 and to 16 concurrent
 curl clients (aggregate MiB/s); ``scripts``: small boot-script requests per second
 with wrk (16 connections, keep-alive): Rackboot renders the machine's iPXE script,
-nginx sends a static file of the same size; ``small``: the same load on a 1 KiB
+a new boot each (no lease), nginx sends a static file of the same size;
+``scripts-leased``: the same, for a machine whose DHCP lease at the client's address is
+committed to the state log before the run, so every fetch reuses its boot (a refetch
+under the same lease); ``small``: the same load on a 1 KiB
 static file from both; each with the server's CPU time per request; ``flood``: a 16 MiB file's and a
 script's request times, quiet and under one source's slowloris flood (flood.py). Both servers run at once in one
 namespace, pinned to the same vCPU, one process each (nginx ``worker_processes 1``,
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import ipaddress
 import os
 import re
 import shutil
@@ -44,6 +48,9 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MAC = "52-54-00-12-34-56"
 # No DHCP here, so no lease binds a machine's script to its address: any may fetch it.
 UNBOUND = "bind_tokens_to_lease = false\n"
+# scripts-leased: the machine whose lease at the client's address is committed before the run.
+LEASED_MAC = "52-54-00-77-00-10"
+LEASE_SECONDS = 86400.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,7 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size-mib", type=int, default=512, help="download size (512)")
     p.add_argument("--repeats", type=int, default=3, help="runs per server and scenario (3)")
     p.add_argument("--concurrency", default="1,16", help="download client counts (1,16)")
-    p.add_argument("--scenarios", default="download,scripts,small,flood", help="which, in order")
+    p.add_argument("--scenarios", default="download,scripts,scripts-leased,small,flood",
+                   help="which, in order")  # fmt: skip
     p.add_argument("--wrk-seconds", type=int, default=5, help="length of one wrk run (5)")
     p.add_argument("--flood-connections", type=int, default=600,
                    help="slowloris connections of the flood scenario (600)")  # fmt: skip
@@ -68,9 +76,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def commit_lease(config: Path, work: Path, address: str, mac: str) -> None:
+    """A bound DHCP lease of ``mac`` at ``address``, committed to the node's state log before
+    it starts, as the DHCP plugin writes it (namespace dhcp.leases): one snapshot restored
+    with ``rackboot state restore``."""
+    from appliance.state.backup import write_backup
+    from appliance.state.records import Record
+    from appliance.state.tables import Tables
+    from plugins.dhcp.leases import NAMESPACE, Lease, LeaseState, lease_value
+
+    hwaddr = bytes.fromhex(mac.replace("-", ""))
+    now = time.time()
+    subnet = str(ipaddress.ip_network(f"{address}/24", strict=False))
+    lease = Lease(int(ipaddress.IPv4Address(address)), b"\x01" + hwaddr, hwaddr, subnet,
+                  LeaseState.BOUND, now, now + LEASE_SECONDS)  # fmt: skip
+    tables = Tables()
+    tables.apply(Record(1, 1, NAMESPACE, address, lease_value(lease)))
+    write_backup(tables, work / "leases.state")
+    env = {**os.environ, "XDG_DATA_HOME": str(work / "xdg")}
+    subprocess.run([sys.executable, "-m", "appliance", "state", "restore", "--config", str(config),
+                    str(work / "leases.state")], check=True, capture_output=True, env=env,
+                   timeout=60)  # fmt: skip
+
+
 def start_rackboot(
-    srv: Host, root: Path, work: Path, cpu: str, access_log: bool
+    srv: Host, root: Path, work: Path, cpu: str, access_log: bool, leased: str | None = None
 ) -> subprocess.Popen:
+    """Rackboot on port 80; ``leased``: the address holding LEASED_MAC's lease (committed
+    to its state log first)."""
     config = work / "rackboot.toml"
     config.write_text(
         # Only httpboot: the other plugins' services would share its vCPU. Its shipped
@@ -80,6 +113,8 @@ def start_rackboot(
         f'[httpboot]\naddresses = ["{srv.addr}"]\nport = {PORTS["rackboot"]}\nroot = "{root}"\n'
         f"{UNBOUND}access_log = {str(access_log).lower()}\n"
     )
+    if leased is not None:
+        commit_lease(config, work, leased, LEASED_MAC)
     return start_node(
         srv, config, work / "data" / "control.sock", work, "httpboot", prefix=("taskset", "-c", cpu)
     )
@@ -231,12 +266,15 @@ def main(argv: list[str] | None = None) -> int:
         with LowLatency(args.lowlat) as lowlat, Lab(prefix="rbh") as lab:
             srv, cli, fld = lab.add_host("srv"), lab.add_host("cli"), lab.add_host("fld")
             pids = {
-                "rackboot": start_rackboot(srv, root, work, args.server_cpu, args.access_log).pid
-            }
+                "rackboot": start_rackboot(srv, root, work, args.server_cpu, args.access_log,
+                                           leased=cli.addr).pid
+            }  # fmt: skip
             script = cli.run(
                 ["curl", "-sS", "--fail", url(srv, "rackboot", f"/boot/{MAC}.ipxe")]
             ).stdout
             (root / "script.ipxe").write_text(script)  # nginx's static twin, same size
+            leased_script = check_leased(cli, srv)
+            (root / "script-leased.ipxe").write_text(leased_script)  # its twin
             pids["nginx"] = start_nginx(srv, root, work, args.server_cpu, args.access_log).pid
             targets = {
                 "rackboot": (
@@ -275,6 +313,13 @@ def main(argv: list[str] | None = None) -> int:
             if "scripts" in scenarios:
                 runs = rates(cli, {name: t[1] for name, t in targets.items()}, pids, args)
                 results["scripts"] = report_rates(f"scripts ({len(script)} B)", runs)
+            if "scripts-leased" in scenarios:
+                runs = rates(cli, {"rackboot": url(srv, "rackboot", f"/boot/{LEASED_MAC}.ipxe"),
+                                   "nginx": url(srv, "nginx", "/boot/script-leased.ipxe")},
+                             pids, args)  # fmt: skip
+                results["scripts-leased"] = report_rates(
+                    f"scripts under a lease, the boot reused ({len(leased_script)} B)", runs
+                )
             if "small" in scenarios:
                 runs = rates(cli, {name: url(srv, name, "/boot/small.bin") for name in PORTS},
                              pids, args)  # fmt: skip
@@ -294,6 +339,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         results_file.save("http", stamp, args.json, vars(args), results)
     return 0
+
+
+def check_leased(cli: Host, srv: Host) -> str:
+    """LEASED_MAC's script as its leased address gets it: the same token at a second fetch
+    (its boot reused, nothing committed). Its text."""
+    target = url(srv, "rackboot", f"/boot/{LEASED_MAC}.ipxe")
+    first, second = (cli.run(["curl", "-sS", "--fail", target]).stdout for _ in range(2))
+    token = re.search(r"rackboot\.token=([0-9a-f]{32})", first)
+    if token is None or first != second:
+        raise RuntimeError(f"the leased machine's boot was not reused: {first!r} {second!r}")
+    return first
 
 
 def unusual_statuses(node_log: Path) -> dict[str, int]:

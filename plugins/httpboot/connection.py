@@ -44,7 +44,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import h11_mypyc as h11
@@ -303,7 +303,7 @@ class Connection(FastPath):
             return False
         if isinstance(event, Parsed):  # by the fast parser, its handler awaits
             self.h11_saw, self.h11_raw = False, event.raw
-            return await self._answer(event.request, Response(), event.route, 0)
+            return await self._answer(event.request, Response(), event.route, 0, event.pending)
         assert isinstance(event, h11.Request), event
         self.h11_saw = True
         self.on_phase(BUSY)  # its head is in: answered, not displaced, whatever it takes
@@ -324,19 +324,24 @@ class Connection(FastPath):
         return await self._answer(request, response, route, _body_length(request))
 
     async def _answer(
-        self, request: Request, response: Response, route: Route | None, declared: int | None
-    ) -> bool:
+        self, request: Request, response: Response, route: Route | None, declared: int | None,
+        pending: Awaitable[object] | None = None,
+    ) -> bool:  # fmt: skip
         """Answer a routed request (its body, if any, still to read through h11); whether
-        the connection stays open for another."""
+        the connection stays open for another. ``pending``: what the route's plain handler
+        returned for this request to wait for (the fast path called it), awaited instead
+        of calling the handler again."""
         fenced = self._not_held()
         if fenced:
+            if inspect.iscoroutine(pending):
+                pending.close()  # never started: nothing it would have done is done
             response, route = Response.unavailable(), None
         elif declared is None:
             self.stats.malformed += 1
             response, route = Response.error(400), None
         elif route is not None:
             refused = await self._read_body(request, declared, route.max_body)
-            response = refused or await self._call(route, request)
+            response = refused or await self._call(route, request, pending)
         elif declared == 0 and self.h11_saw:
             await self._next_event()  # EndOfMessage: the connection stays usable
         whole_file = response.stat is not None
@@ -391,9 +396,11 @@ class Connection(FastPath):
                 self.stats.malformed += 1
                 return Response.error(413)
 
-    async def _call(self, route: Route, request: Request) -> Response:
+    async def _call(
+        self, route: Route, request: Request, pending: Awaitable[object] | None = None
+    ) -> Response:
         try:
-            response = route.handler(request)
+            response = route.handler(request) if pending is None else pending
             if inspect.isawaitable(response):
                 response = await response
             return checked(response)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -45,11 +45,14 @@ _GIVEN_UP = Handover()  # _answer_fast: this request is the task's to answer, th
 @dataclass(frozen=True)
 class Parsed:
     """A request the fast path parsed and routed, for the task to answer without h11 (its
-    handler awaits); ``raw``, its head, for h11 if the answer needs h11 to write it."""
+    handler awaits, or a plain one returned ``pending``, an awaitable: the task awaits it
+    instead of calling the handler again); ``raw``, its head, for h11 if the answer needs
+    h11 to write it."""
 
     request: Request
     route: Route
     raw: bytes
+    pending: Awaitable[object] | None = None  # what a plain handler returned to wait for
 
 
 def checked(response: object) -> Response:
@@ -113,8 +116,8 @@ class FastPath(Answering):
             if inspect.iscoroutinefunction(route.handler):  # the task waits for it
                 return Parsed(request, route, data[start : head.end])
             answer = self._call_now(route, request)
-            if answer is None:
-                return _GIVEN_UP
+            if not isinstance(answer, Response):  # it must wait: the task awaits it
+                return Parsed(request, route, data[start : head.end], answer)
             response = answer
         whole_file = response.stat is not None
         if whole_file:
@@ -147,14 +150,13 @@ class FastPath(Answering):
         self._sent(request, response.status, length, announce)
         return None
 
-    def _call_now(self, route: Route, request: Request) -> Response | None:
-        """A plain handler's response; None if it returned something to wait for."""
+    def _call_now(self, route: Route, request: Request) -> Response | Awaitable[object]:
+        """A plain handler's response, or the awaitable it returned (a wait it needs: the
+        connection's task awaits it)."""
         try:
             response = route.handler(request)
             if inspect.isawaitable(response):
-                if inspect.iscoroutine(response):
-                    response.close()
-                return None
+                return response
             return checked(response)
         except Exception as exc:
             return failed(route, exc)

@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import trio
 from prometheus_client.core import CounterMetricFamily
@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 
 from appliance.state.store import StateStore
 from plugins.dhcp.leases import NAMESPACE as LEASES_NS
-from plugins.dhcp.leases import CorruptRecord, LeaseState, lease_from_state_untrusted
+from plugins.dhcp.leases import CorruptRecord, Lease, LeaseState, lease_from_state_untrusted
 
 MACHINES_NS = "httpboot.machines"
 NONCE_BYTES = 16
@@ -98,6 +98,36 @@ class Standing:
     lease: float | None = None
 
 
+Parsed = TypeVar("Parsed")
+PARSED_MAX = 4096  # keys whose last parse is kept, per table
+
+
+class ParsedRecords(Generic[Parsed]):
+    """What ``parse(key, value)`` made of each key's last value, made again only when the
+    value is another object: a committed value is never changed in place, only replaced."""
+
+    def __init__(self, parse: Callable[[str, Any], Parsed]) -> None:
+        self._parse = parse
+        self._last: dict[str, tuple[Any, Parsed]] = {}
+
+    def parse(self, key: str, value: Any) -> Parsed:
+        last = self._last.get(key)
+        if last is not None and last[0] is value:
+            return last[1]
+        parsed = self._parse(key, value)
+        if len(self._last) >= PARSED_MAX:
+            self._last.clear()
+        self._last[key] = (value, parsed)
+        return parsed
+
+
+def _lease_or_none(address: str, value: Any) -> Lease | None:
+    try:
+        return lease_from_state_untrusted(address, value)
+    except CorruptRecord:
+        return None
+
+
 class Machines:
     """Boot records in ``state`` and the standing of an address for a MAC, read from the
     committed tables on every node; refusals counted by route and reason."""
@@ -117,9 +147,13 @@ class Machines:
         self.bind = bind
         self.clock = clock
         self.refusals: Counter[tuple[str, str]] = Counter()  # (route, reason)
+        # The last record read of each key and what it parsed to: a refetch under the same
+        # lease reads the same committed values (the tables keep them, one object each).
+        self._boots = ParsedRecords(boot_from_state_untrusted)
+        self._leases = ParsedRecords(_lease_or_none)
 
     def boot(self, mac: str) -> Boot | None:
-        return boot_from_state_untrusted(mac, self.state.get(MACHINES_NS, mac))
+        return self._boots.parse(mac, self.state.get(MACHINES_NS, mac))
 
     def standing(self, mac: str, address: str) -> Standing | None:
         """Whether ``address`` speaks for ``mac`` now; None if it does not."""
@@ -135,11 +169,8 @@ class Machines:
         value = self.state.get(LEASES_NS, address)
         if value is None:
             return None
-        try:
-            lease = lease_from_state_untrusted(address, value)
-        except CorruptRecord:
-            return None
-        if (
+        lease = self._leases.parse(address, value)
+        if lease is not None and (
             lease.state is LeaseState.BOUND
             and self.clock() < lease.expires
             and lease.hwaddr == bytes.fromhex(mac.replace(":", ""))

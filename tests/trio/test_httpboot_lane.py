@@ -8,7 +8,7 @@ import contextlib
 import os
 import re
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import pytest
@@ -71,12 +71,34 @@ async def lease_lost(request: Request) -> Response:
     return Response.text("too late")
 
 
+CALLS: list[str] = []  # calls of maybe_waits, and the waits it returned that ran
+
+
+def maybe_waits(request: Request) -> Response | Awaitable[Response]:
+    """A plain handler that answers at once, or returns what must be awaited (the script
+    route: a reused boot at once, a new boot once committed)."""
+    name = request.params["name"]
+    CALLS.append(f"call {name}")
+    if name.startswith("now"):
+        return Response.text(f"now {name}")
+    if name.startswith("fenced"):
+        HELD[0] = False  # the lease lost between the handler's call and the task's turn
+
+    async def later() -> Response:
+        CALLS.append(f"waited {name}")
+        await trio.sleep(1)
+        return Response.text(f"later {name}")
+
+    return later()
+
+
 def router(root: Path) -> Router:
     builtin = builtin_routes(root)
     builtin.hot.fresh_seconds = 0  # kept at once (its ctime is the test's)
     return Router([Route("GET", "/text/{name}", text), Route("GET", "/slow/{name}", slowly),
                    Route("POST", "/echo", echo, max_body=100), Route("GET", "/framed", framed),
                    Route("GET", "/lease-lost", lease_lost),
+                   Route("GET", "/maybe/{name}", maybe_waits),
                    Route("GET", "/files/{path:path}", static(root)), *builtin.files()])  # fmt: skip
 
 
@@ -103,11 +125,11 @@ class Lab:
         self.stats, self.access = Stats(), AccessLines()
 
     def connect(
-        self, limits: Limits = Limits(), guard=None
+        self, limits: Limits | None = None, guard=None
     ) -> tuple[Client, Connection, socket.socket]:
         client_sock, server_sock = trio.socket.socketpair()
         connection = Connection(
-            trio.SocketStream(server_sock), self.router, limits, self.stats, ("10.0.0.5", 1234),
+            trio.SocketStream(server_sock), self.router, limits or Limits(), self.stats, ("10.0.0.5", 1234),
             ("10.0.0.1", 80), self.access, guard, lane=self.lane,  # type: ignore[arg-type]
         )  # fmt: skip
         self.nursery.start_soon(connection.serve)
@@ -227,6 +249,41 @@ async def test_what_the_lane_leaves_is_answered_by_the_task(root, autojump_clock
         assert reply.status == 200 and reply.header(b"connection") == b"close"
         assert await client.closed_by_server()
         assert [line["status"] for line in here.access.lines] == [200, 200, 200, 206, 200, 200]
+
+
+async def test_a_plain_handlers_wait_goes_to_the_task_and_runs_once(root, autojump_clock):
+    """A plain handler's response is answered in the lane; what it returns to wait for is
+    awaited by the connection's task, without calling the handler again."""
+    CALLS.clear()
+    async with lab(root) as here:
+        client, _, _ = here.connect()
+        assert (await client.request("GET", "/text/a")).status == 200  # now parked
+        for n in range(3):
+            reply = await client.request("GET", f"/maybe/now{n}")
+            assert (reply.status, reply.body) == (200, f"now now{n}".encode())
+        assert here.lane.parks == 1  # answered in the lane: the task never woke
+        reply = await client.request("GET", "/maybe/wait")
+        assert (reply.status, reply.body) == (200, b"later wait")
+        assert here.lane.parks == 2  # handed to the task, then parked again
+        assert (await client.request("GET", "/maybe/now3")).status == 200
+        assert here.lane.parks == 2
+        assert CALLS == ["call now0", "call now1", "call now2", "call wait", "waited wait",
+                         "call now3"]  # fmt: skip
+        assert [line["status"] for line in here.access.lines] == [200] * 6
+
+
+async def test_a_wait_handed_over_when_the_lease_went_is_never_run(root, autojump_clock):
+    """The task asks the fence again before it awaits what the handler returned: without
+    the lease the wait is closed unrun (nothing it would write is written) and 503."""
+    CALLS.clear()
+    HELD[0] = True
+    async with lab(root) as here:
+        client, _, _ = here.connect(guard=lambda: HELD[0])
+        assert (await client.request("GET", "/text/a")).status == 200  # now parked
+        reply = await client.request("GET", "/maybe/fenced")
+        assert reply.status == 503 and reply.header(b"connection") == b"close"
+        assert await client.closed_by_server()
+        assert CALLS == ["call fenced"] and here.stats.fenced == 1
 
 
 async def test_an_answer_the_socket_cannot_take_at_once_is_finished_by_the_task(

@@ -7,6 +7,7 @@ hooks."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -632,7 +633,7 @@ async def test_a_node_without_the_secret_serves_no_script_and_takes_no_event(tmp
         return Request(method, path, b"", {b"authorization": b"Bearer " + b"0" * 32},
                        ("10.0.0.5", 1), ("10.0.0.1", 80), event_body(), params)  # fmt: skip
 
-    script = await routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
+    script = await answered(routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC)))
     assert script.status == 503 and (b"retry-after", b"1") in script.headers
     event = await routes.post_event(request("POST", EVENTS_URL, mac=MAC))
     assert event.status == 503 and stats.event_refusals["no-secret"] == 1
@@ -643,14 +644,24 @@ async def test_a_node_without_the_secret_serves_no_script_and_takes_no_event(tmp
             fence.grant(math.inf, 1)
             await Secret(state).ensure(None, "a")  # what the active writes; replicated here
             # a new boot is the active's to record: a standby has no token to give yet
-            standby = await routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
+            standby = await answered(
+                routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
+            )
             assert standby.status == 503 and routes.machines.refusals[("script", "standby")] == 1
             routes.is_active = lambda: True
-            script = await routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
+            script = await answered(
+                routes.script(request("GET", "/boot/52-54-00-12-34-56.ipxe", mac=MAC))
+            )
             nursery.cancel_scope.cancel()
     assert script.status == 200
     nonce = state.get(MACHINES_NS, MAC)["nonce"]
     assert f"rackboot.token={machine_token(Secret(state)(), MAC, nonce)}".encode() in script.body
+
+
+async def answered(result):
+    """A handler's response: a plain one's as it is, an awaitable's once awaited (the script
+    route answers at once unless a new boot must commit)."""
+    return await result if inspect.isawaitable(result) else result
 
 
 def plant_journal(path: Path, records: list) -> None:
@@ -718,3 +729,57 @@ def test_the_example_configuration_shows_the_built_in_default_profile():
 
     doc = tomllib.loads(render_example([SECTION]))
     assert doc["httpboot"]["profiles"][0] == {"cmdline": "", **_DEFAULT_PROFILE}
+
+
+async def test_a_kept_script_follows_everything_it_was_made_of(tmp_path):
+    """A refetch under the same lease answers the script rendered for that boot, but only
+    while its boot, the client, the server address, the profile and the secret are those it
+    was made of; a plugin's hook is asked at every fetch all the same."""
+    from plugins.httpboot.machines import Standing
+    from plugins.httpboot.messages import Request
+    from plugins.httpboot.routes import BootPolicy
+    from plugins.httpboot.script import Profile
+
+    asked: list[str] = []
+    choice: list[str | None] = [None]
+
+    def hook(machine, default):
+        asked.append(machine.token)
+        return choice[0]
+
+    routes = builtin_routes(tmp_path, script_hook=hook)
+    state = routes.machines.state
+    leased = Standing("lease", 1.0)
+    routes.machines.standing = lambda mac, client: leased
+
+    def fetch_script(client: str = "10.0.0.5", local: tuple[str, int] = ("10.0.0.1", 80)):
+        request = Request("GET", "/boot/x.ipxe", b"", {}, (client, 1), local, params={"mac": MAC})
+        response = routes.script(request)
+        assert not inspect.isawaitable(response)  # answered now: the boot reused
+        assert response.status == 200, response
+        return response.body.decode()
+
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(state.run)
+            state.fence.grant(math.inf, 1)
+            await Secret(state).ensure(None, "a")
+            await routes.machines.new_boot(MAC, "10.0.0.5", leased, "a")
+            first = fetch_script()
+            assert fetch_script() == first and len(set(asked)) == 1
+            # another server address: the kernel's URL follows it, the token does not change
+            moved = fetch_script(local=("10.0.0.9", 8080))
+            assert "http://10.0.0.9:8080/" in moved and token_of(moved.encode()) == asked[0]
+            # a new boot: a new token
+            await routes.machines.new_boot(MAC, "10.0.0.5", leased, "a")
+            rebooted = fetch_script()
+            assert token_of(rebooted.encode()) != token_of(first.encode())
+            # a reloaded profile
+            profile = Profile("default", "other-kernel", (), "")
+            routes.policy = BootPolicy({"default": profile}, {}, "default")
+            assert "other-kernel" in fetch_script()
+            # a plugin's choice is the answer, the kept default its argument
+            choice[0] = "#!ipxe\nexit\n"
+            assert fetch_script() == "#!ipxe\nexit\n"
+            assert len(asked) == 6
+            nursery.cancel_scope.cancel()
