@@ -23,12 +23,12 @@ to a new tree, or a directory replaced, is reopened at the next request.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import io
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -118,8 +118,12 @@ class BeneathRoot:
     def __del__(self) -> None:
         self.close()
 
-    def close(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-        self._fd, self._identity = None, None
+    def close(self, _close: Callable[[int], None] = os.close) -> None:
+        # Bound at definition: __del__ may run at interpreter exit, after the module's
+        # globals (os, contextlib) were cleared.
+        fd, self._fd, self._identity = self._fd, None, None
+        if fd is not None:
+            try:
+                _close(fd)
+            except OSError:
+                pass
