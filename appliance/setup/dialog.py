@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -182,6 +183,8 @@ def config_path(args: argparse.Namespace) -> Path:
 
 def cmd_setup(args: argparse.Namespace) -> int:
     path = config_path(args)
+    if sys.stdin.isatty():  # Ctrl-C stops a dialog, even one started with SIGINT ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     console = Console(sys.stdin, sys.stdout)
     written = []
     try:

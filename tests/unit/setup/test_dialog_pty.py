@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import sys
 import tomllib
 from pathlib import Path
@@ -33,6 +34,9 @@ class Operator:
                              "--no-start"],
             cwd=str(REPO), env=dict(os.environ), encoding="utf-8", timeout=60,  # a loaded CI machine took >30 s once
             dimensions=(24, 80),
+            # SIGINT ignored, as a job started in the background by a non-interactive shell
+            # inherits it (whatever the runner's): on a terminal Ctrl-C still stops the dialog.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )  # fmt: skip
         self.child.logfile_read = self.transcript
 
