@@ -36,6 +36,8 @@ CORE_COMMANDS = frozenset(
     + ("state",)
     + ("lab",)
 )
+# Entry points naming a first command word's CLI commands (pyproject.toml, docs/plugins.md).
+CLI_GROUP = "rackboot.cli"
 # Options before the command word that take a value (``--log-level debug``).
 _GLOBAL_OPTIONS_WITH_VALUE = ("--log-format", "--log-level")
 
@@ -177,6 +179,36 @@ def wants_plugin_commands(argv: list[str]) -> bool:
     and for the top-level help or usage error, which list them; not for a core
     command (loading every plugin imports trio and the rest: ~0.4 s)."""
     return command_word(argv) not in CORE_COMMANDS
+
+
+def cli_commands_for(argv: list[str]) -> list[CliCommand]:
+    """The plugins' CLI commands ``argv`` needs: those its command word's ``rackboot.cli``
+    entry points declare (their modules alone imported: ~0.1 s, not the ~0.5 s of every
+    plugin), else every loadable plugin's (the top-level help, a plugin that declares
+    none)."""
+    declared = declared_cli_commands(command_word(argv))
+    return plugin_cli_commands() if declared is None else declared
+
+
+def declared_cli_commands(word: str | None) -> list[CliCommand] | None:
+    """The commands of first word ``word`` that the ``rackboot.cli`` entry points of that
+    name give (a list of :class:`CliCommand`, or a function returning one); None if none
+    does, or one fails to load (loading every plugin then says what is wrong)."""
+    if word is None:
+        return None
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=CLI_GROUP, name=word)
+    if not found:
+        return None
+    commands: list[CliCommand] = []
+    for point in found:
+        try:
+            declared = point.load()
+            commands.extend(declared() if callable(declared) else declared)
+        except Exception:
+            return None
+    return [command for command in commands if command.words[0] == word]
 
 
 def plugin_cli_commands() -> list[CliCommand]:
@@ -573,7 +605,7 @@ def format_cluster(cluster: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    parser = build_parser(plugin_cli_commands() if wants_plugin_commands(words) else ())
+    parser = build_parser(cli_commands_for(words) if wants_plugin_commands(words) else ())
     args = parser.parse_args(argv)
     setup_logging(args.log_format, args.log_level)
     try:

@@ -6,13 +6,14 @@ import dataclasses
 from ipaddress import IPv4Address
 from typing import TYPE_CHECKING, Any
 
-from appliance.api import CliCommand, Role, Service, hookimpl
+from appliance.api import Role, Service, hookimpl
 from appliance.config import Config
 from appliance.logs import get_logger
 
 from . import hookspecs
 from .boot import BootChoice, BootRequest
 from .codec import Message
+from .commands import cli_commands
 from .leases import Lease, LeaseState, LeaseView, address_text
 from .metrics import DhcpMetrics
 from .model import Reservation, ServerConfig
@@ -143,15 +144,7 @@ class DhcpPlugin:
 
     @hookimpl
     def rackboot_cli_commands(self):
-        return [
-            CliCommand(
-                ("leases", "list"),
-                "list DHCP leases of the running node",
-                "dhcp.leases",
-                render=render_leases,
-                arguments=((("--all",), {"action": "store_true", "help": "include ended leases"}),),
-            )
-        ]
+        return cli_commands()
 
     def _leases(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         if self.service is None:
@@ -236,28 +229,6 @@ def lease_json(lease: Lease, now: float) -> dict[str, Any]:
         "expires": lease.expires,
         "remaining": max(0, round(lease.expires - now)),
     }
-
-
-def render_leases(leases: list[dict[str, Any]]) -> str:
-    if not leases:
-        return "no leases"
-    rows = [("ADDRESS", "MAC", "STATE", "REMAINING", "HOSTNAME", "SUBNET")]
-    rows += [
-        (
-            x["address"],
-            x["mac"],
-            x["state"],
-            f"{x['remaining']}s",
-            x["hostname"] or "-",
-            x["subnet"],
-        )
-        for x in leases
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
 
 
 plugin = DhcpPlugin()

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
 
-from appliance.api import CliCommand, Role, Service, hookimpl
+from appliance.api import Role, Service, hookimpl
 from appliance.config import Config
 from appliance.control import ControlRequestError
 from appliance.logs import get_logger
 from plugins.httpboot.script import Profile, render_ipxe
 
 from . import hookspecs
+from .commands import cli_commands
 from .lifecycle import STAGES, Actions, Record, Workflow
 from .observe import LOCAL, check_profiles, classify, mac_leased_at, profile_for, profiles_of
-from .render import render_list, render_show
 from .schema import SECTION, seed_records, timeouts
 from .service import ProvisioningService
 
@@ -190,40 +190,7 @@ class ProvisioningPlugin:
 
     @hookimpl
     def rackboot_cli_commands(self):
-        name = (("name",), {"help": "machine name"})
-        return [
-            CliCommand(
-                ("machines", "list"),
-                "list the machines and their stages",
-                "machines.list",
-                render_list,
-            ),  # fmt: skip
-            CliCommand(
-                ("machines", "show"),
-                "show a machine's record and history",
-                "machines.show",
-                render_show,
-                arguments=(name,),
-            ),  # fmt: skip
-            CliCommand(
-                ("machines", "reprovision"),
-                "provision a machine (again)",
-                "machines.reprovision",
-                render_show,
-                arguments=(name, (("--profile",), {"help": "another boot profile"})),
-            ),  # fmt: skip
-            CliCommand(
-                ("machines", "pool"),
-                "put a machine in a pool of spares",
-                "machines.pool",
-                render_show,
-                arguments=(
-                    name,
-                    (("pool",), {"help": "pool name ('' for none)"}),
-                    (("--spare",), {"action": "store_true", "help": "an idle spare of the pool"}),
-                ),
-            ),  # fmt: skip
-        ]
+        return cli_commands()
 
     def _list(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         flow = self.flow

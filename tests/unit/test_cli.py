@@ -294,3 +294,58 @@ def test_plugin_commands_are_found_when_asked_for(capsys):
         main(["leases", "--help"])
     assert exc.value.code == 0
     assert "list" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["leases", "list", "--socket", "/nonexistent/rackboot.sock"],
+        ["ha", "status", "--socket", "/nonexistent/rackboot.sock"],
+        ["image", "--help"],
+        ["machines", "list", "--help"],
+    ],
+)
+def test_a_declared_plugin_command_imports_neither_trio_nor_the_plugins(argv):
+    """A plugin command whose first word a ``rackboot.cli`` entry point declares imports
+    that module alone: no plugin's ``plugin`` module, no trio, cryptography,
+    prometheus_client or msgpack (pluggy, for ``appliance.api``, is cheap)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", DECLARED_PROBE, *argv], capture_output=True,
+                         text=True, timeout=60).stdout  # fmt: skip
+    heavy = [line for line in out.splitlines() if line.startswith("HEAVY")]
+    assert heavy == ["HEAVY "], out
+
+
+DECLARED_PROBE = """
+import sys
+from appliance.cli import main
+try:
+    main(sys.argv[1:])
+except (SystemExit, Exception):
+    pass
+heavy = sorted(m for m in sys.modules if m in ("trio", "cryptography", "prometheus_client",
+               "msgpack") or (m.startswith("plugins.") and m.endswith(".plugin")))
+print("HEAVY", ",".join(heavy))
+"""
+
+
+def _spec(command) -> tuple:
+    return (command.words, command.help, command.control, command.timeout,
+            repr(command.arguments), command.render)  # fmt: skip
+
+
+def test_every_plugin_command_is_declared_as_its_plugin_gives_it():
+    """What the entry points declare for a first word is exactly what the plugins' hooks
+    give for it (a command added to a hook and not declared would be unreachable once its
+    word is declared); every command of Rackboot's own plugins is declared."""
+    from appliance.cli import declared_cli_commands, plugin_cli_commands
+
+    by_word: dict[str, list] = {}
+    for command in plugin_cli_commands():
+        by_word.setdefault(command.words[0], []).append(command)
+    assert {"leases", "ha", "image", "machines"} <= set(by_word)
+    for word, commands in by_word.items():
+        declared = declared_cli_commands(word)
+        assert declared is not None, f"`rackboot {word}` is not in the rackboot.cli entry points"
+        assert sorted(map(_spec, declared), key=repr) == sorted(map(_spec, commands), key=repr)
