@@ -13,6 +13,7 @@ import trio
 from appliance.api import CliCommand, Field, Int, Section, Service, Str, get_logger, hookimpl
 from appliance.state.store import NotWriter
 
+from rackboot_rackinfo.commands import COMMANDS
 from rackboot_rackinfo.wire import (
     SUB_LOCATION,
     SUB_STATE,
@@ -162,15 +163,7 @@ class RackInfo:
 
     @hookimpl
     def rackboot_cli_commands(self) -> list[CliCommand]:
-        return [CliCommand(("rackinfo", "machines"), "machines' install state (rackinfo)",
-                           "rackinfo.machines", render=render_machines)]  # fmt: skip
-
-
-def render_machines(machines: dict[str, Any]) -> str:
-    if not machines:
-        return "no machines"
-    return "\n".join(f"{mac}  {state_text(record)}  seq {record['seq']}"
-                     for mac, record in sorted(machines.items()))  # fmt: skip
+        return COMMANDS  # also declared in pyproject.toml's rackboot.cli (commands.py)
 
 
 plugin = RackInfo()
