@@ -175,18 +175,19 @@ def rackboot(*args: str) -> list[str]:
 
 
 def wait_for_status(host: Host, sock: Path, proc: subprocess.Popen, log: Path) -> dict[str, Any]:
-    """Poll `rackboot status` until the node answers: bounded by a deadline and a count."""
+    """Poll `rackboot status` until the node says it is ready (every service started, the
+    role taken: the control socket answers before that): bounded by a deadline and a count."""
     deadline = time.monotonic() + 20.0
     for _ in range(200):
         if proc.poll() is not None:
             pytest.fail(f"node exited {proc.returncode} before answering:\n{log.read_text()}")
         res = host.run(rackboot("status", "--json", "--socket", str(sock)), timeout=10)
-        if res.returncode == 0:
-            return json.loads(res.stdout)
+        if res.returncode == 0 and (status := json.loads(res.stdout))["core"]["ready"]:
+            return status
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    pytest.fail(f"node did not answer on {sock} within 20 s: {res.stderr}\n{log.read_text()}")
+    pytest.fail(f"node not ready on {sock} within 20 s: {res.stderr}\n{log.read_text()}")
 
 
 def test_rackboot_node_runs_inside_a_namespace(lab: Lab, tmp_path: Path) -> None:
